@@ -1,0 +1,73 @@
+"""Metric names: the one vocabulary shared by the trainer, the store, the dashboard and the tests.
+
+Names are slash-namespaced like CleanRL's (`group/what`). This module imports nothing heavy so
+that the dashboard may read it without pulling in torch.
+"""
+
+from __future__ import annotations
+
+# --- rewards and accuracy (over every generated response of the step, before filtering) ---
+REWARD_MEAN = "reward/mean"  # shaped reward: correctness score + overlong penalty
+SCORE_MEAN = "reward/score_mean"  # correctness part only (+1 / -1)
+OVERLONG_PENALTY_MEAN = "reward/overlong_penalty_mean"
+ACC_MEAN = "acc/mean"
+
+# --- policy ---
+ENTROPY_MEAN = "entropy/mean"
+POLICY_LOSS = "losses/policy_loss"
+KL_LOSS = "losses/kl_loss"
+APPROX_KL = "losses/approx_kl"  # k1 estimate of KL(old || new), Schulman's k1
+CLIP_RATIO_HIGH = "clip_ratio/high"  # tokens clipped at 1 + eps_high (A > 0)
+CLIP_RATIO_LOW = "clip_ratio/low"  # tokens clipped at 1 - eps_low (A < 0)
+CLIP_RATIO_DUAL = "clip_ratio/dual"  # tokens bounded by the dual clip c (A < 0)
+GRAD_NORM = "optim/grad_norm"
+LR = "optim/lr"
+
+# --- responses ---
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_CLIP_RATIO = "response_length/clip_ratio"  # fraction truncated at the length limit
+
+# --- dynamic sampling ---
+KEPT_GROUPS = "sampling/kept_groups"  # fraction of generated groups that were informative
+GEN_BATCHES = "sampling/gen_batches"  # generation batches this step
+CARRIED_GROUPS = "sampling/carried_groups"  # informative groups carried over to the next step
+TRAIN_GROUPS = "sampling/train_groups"  # groups in this step's training batch
+
+# --- progress counters (cumulative; the paper's x-axis is gradient updates) ---
+ROLLOUT_STEP = "progress/rollout_step"
+GRAD_UPDATES = "progress/grad_updates"
+GEN_BATCHES_TOTAL = "progress/gen_batches"
+TOKENS_TOTAL = "progress/tokens"  # generated response tokens, cumulative
+
+# --- performance ---
+TOKENS_PER_S = "perf/tokens_per_s"  # generated tokens / rollout seconds
+ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
+UPDATE_TOKENS_PER_S = "perf/update_tokens_per_s"
+ROLLOUT_S = "time/rollout_s"
+REWARD_S = "time/reward_s"
+OLD_LOGPROB_S = "time/old_logprob_s"
+UPDATE_S = "time/update_s"
+STEP_S = "time/step_s"
+
+# --- evaluation (also kept in the store's evaluations table) ---
+EVAL_AVG_AT_K = "eval/avg_at_k"
+EVAL_PASS_AT_K = "eval/pass_at_k"
+EVAL_CONS_AT_K = "eval/cons_at_k"
+
+# The metrics a researcher looks at first; the dashboard offers these by default.
+HEADLINE = (
+    ACC_MEAN,
+    REWARD_MEAN,
+    ENTROPY_MEAN,
+    RESPONSE_LENGTH_MEAN,
+    RESPONSE_CLIP_RATIO,
+    CLIP_RATIO_HIGH,
+    CLIP_RATIO_LOW,
+    KEPT_GROUPS,
+    APPROX_KL,
+    GRAD_NORM,
+)
+
+# x-axes a curve can be drawn against (all logged every step).
+X_AXES = {"rollout step": ROLLOUT_STEP, "gradient updates": GRAD_UPDATES, "tokens": TOKENS_TOTAL}
