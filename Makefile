@@ -50,7 +50,7 @@ test-fast: $(STAMP)
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh
-	.venv-vllm/bin/python -m pytest -q -m vllm tests/vllm
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/vllm_engine
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py

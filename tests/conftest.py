@@ -16,3 +16,102 @@ os.environ.setdefault("DAPO_DATA_DIR", str(ROOT.parent / "shared" / "data"))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("PREFECT_UI_ENABLED", "true")
 (ROOT / "tests" / "artifacts").mkdir(parents=True, exist_ok=True)
+
+# --- the two databases of the store tests ----------------------------------------------------
+# Every store test runs against a SQLite file and a real PostgreSQL server (127.0.0.1:5432,
+# database `test`, trust auth). PostgreSQL tests FAIL when the server is missing: CI starts it
+# (.ci/run), and a skipped half of the store tests would read as a pass.
+
+import tempfile  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import sqlalchemy as sa  # noqa: E402
+
+PG_HOST, PG_PORT, PG_DATABASE = "127.0.0.1", 5432, "test"
+PG_USERS = ("postgres", "root")
+BACKENDS = ("sqlite", "postgresql")
+
+# Nothing a test runs may write into the user's own store by accident: without an explicit URL
+# the store is this session's scratch file (tests that check the default unset it).
+os.environ.setdefault(
+    "DAPO_DB_URL", f"sqlite:///{Path(tempfile.mkdtemp(prefix='dapo-test-store-')) / 'dapo.db'}"
+)
+
+
+def pg_server_url() -> str:
+    """URL of the test database as the first user that can log in; pytest.fail otherwise."""
+    problems = []
+    for user in PG_USERS:
+        url = f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{PG_DATABASE}"
+        engine = sa.create_engine(url, connect_args={"connect_timeout": 5})
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            return url
+        except sa.exc.OperationalError as error:
+            problems.append(f"{user}: {str(error.orig).strip().splitlines()[0]}")
+        finally:
+            engine.dispose()
+    pytest.fail(
+        f"PostgreSQL is required for the store tests and is not reachable at {PG_HOST}:{PG_PORT}"
+        f"/{PG_DATABASE} ({'; '.join(problems)}); start it with `pg_ctlcluster "
+        "--skip-systemctl-redirect $(ls /etc/postgresql) main start`"
+    )
+
+
+def pg_schema_url(server_url: str, schema: str) -> str:
+    """A store URL whose connections work inside `schema` (libpq's `options` sets search_path)."""
+    return f"{server_url}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(scope="session")
+def pg_schemas() -> Iterator[Callable[[], str]]:
+    """Factory of fresh PostgreSQL schemas, each a store URL. Every schema of this session is
+    named `dapo_test_<session>_<n>` and dropped at the end of the session."""
+    server = pg_server_url()
+    prefix = f"dapo_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(server)
+    made: list[str] = []
+
+    def make() -> str:
+        schema = f"{prefix}_{len(made)}"
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        made.append(schema)
+        return pg_schema_url(server, schema)
+
+    try:
+        yield make
+    finally:
+        from db import engine as db_engine
+
+        db_engine.dispose()  # pooled connections would keep the schemas' tables busy
+        with admin.begin() as conn:
+            for schema in made:
+                conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _fresh_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    make: Callable[[], str] = request.getfixturevalue("pg_schemas")
+    return make()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh, empty store: a SQLite file, then a PostgreSQL schema."""
+    url = _fresh_url(request.param, tmp_path, request)
+    yield url
+    from db import engine as db_engine
+
+    db_engine.dispose(url)
+
+
+@pytest.fixture
+def backend(store_url: str) -> str:
+    """'sqlite' or 'postgresql': the backend of this test's store_url."""
+    return "sqlite" if store_url.startswith("sqlite") else "postgresql"

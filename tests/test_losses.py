@@ -1,0 +1,486 @@
+"""Policy loss, aggregation modes and KL estimators: hand-computed cases and invariants.
+
+The central property is exact gradient accumulation: with the mini-batch's global counts, the
+sum of micro-batch losses is the one-batch loss, in every aggregation mode, and its gradient is
+the one-batch gradient. The naive scheme (each micro-batch averaged on its own) is shown to fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo_core import metric_names as M
+from dapo_core.losses import (
+    AGG_MODES,
+    aggregate,
+    clipped_surrogate,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+)
+
+FAST = settings(max_examples=40, deadline=None)
+F64 = torch.float64
+
+
+def _t(x: list) -> torch.Tensor:
+    return torch.tensor(x, dtype=F64)
+
+
+# --- the per-token surrogate -----------------------------------------------------------------
+
+
+def test_clipped_surrogate_hand_computed() -> None:
+    # ε_low = 0.2, ε_high = 0.28 → clip range [0.8, 1.28]; ℓ = max(−A·r, −A·clip(r))
+    ratio = _t([[1.5, 1.1, 0.5, 0.9, 0.5, 1.5]])
+    adv = _t([[1.0, 1.0, -1.0, -1.0, 1.0, -1.0]])
+    expected = _t(
+        [
+            [
+                -1.28,  # A=+1, r=1.5: max(−1.5, −1.28) = −1.28 (clipped high)
+                -1.10,  # A=+1, r=1.1: inside the range
+                0.80,  # A=−1, r=0.5: max(0.5, 0.8) = 0.8 (clipped low)
+                0.90,  # A=−1, r=0.9: inside the range
+                -0.50,  # A=+1, r=0.5: max(−0.5, −0.8) = −0.5 (pessimistic: no clip below for A>0)
+                1.50,  # A=−1, r=1.5: max(1.5, 1.28) = 1.5 (no clip above for A<0)
+            ]
+        ]
+    )
+    got = clipped_surrogate(ratio, adv, clip_low=0.2, clip_high=0.28)
+    torch.testing.assert_close(got, expected)
+
+
+def test_dual_clip_hand_computed() -> None:
+    # c = 3, clip range [0.8, 1.28].
+    # A=−2, r=4: max(8, 2.56) = 8, then min(8, −A·c = 6) = 6.
+    # A=+2, r=4: max(−8, −2.56) = −2.56; the dual clip does not apply to A > 0.
+    # A=−2, r=2: max(4, 2.56) = 4 < 6: dual bound not active.
+    got = clipped_surrogate(
+        _t([[4.0, 4.0, 2.0]]), _t([[-2.0, 2.0, -2.0]]), clip_low=0.2, clip_high=0.28, clip_c=3.0
+    )
+    torch.testing.assert_close(got, _t([[6.0, -2.56, 4.0]]))
+
+
+def test_policy_loss_value_gradient_and_metrics_hand_computed() -> None:
+    ratios = [1.5, 1.1, 0.5, 0.9, 0.5, 1.5]
+    lp = torch.log(_t([ratios])).requires_grad_(True)  # old = 0 → r = exp(lp)
+    old = torch.zeros(1, 6, dtype=F64)
+    adv = _t([[1.0, 1.0, -1.0, -1.0, 1.0, -1.0]])
+    mask = torch.ones(1, 6)
+    loss, metrics = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # per token (see the test above): −1.28 −1.1 +0.8 +0.9 −0.5 +1.5 = 0.32; token-mean 0.32/6
+    assert loss.item() == pytest.approx(0.32 / 6)
+    loss.backward()
+    # dℓ/dlp = −A·r where the unclipped branch is active, 0 where the clip is:
+    # [0, −1.1, 0, +0.9, −0.5, +1.5] / 6
+    torch.testing.assert_close(lp.grad, _t([[0.0, -1.1, 0.0, 0.9, -0.5, 1.5]]) / 6)
+    assert metrics[M.CLIP_RATIO_HIGH] == pytest.approx(1 / 6)  # token 0 only
+    assert metrics[M.CLIP_RATIO_LOW] == pytest.approx(1 / 6)  # token 2 only
+    assert metrics[M.CLIP_RATIO_DUAL] == 0.0
+    # k1: mean(old − lp) = −(0.405465 + 0.095310 − 0.693147 − 0.105361 − 0.693147 + 0.405465)/6
+    #                    = 0.585415 / 6 = 0.097569
+    assert metrics[M.APPROX_KL] == pytest.approx(0.097569, abs=1e-6)
+    assert metrics[M.POLICY_LOSS] == pytest.approx(0.32 / 6)
+    assert metrics["_n_tokens"] == 6
+    assert metrics["_n_clip_high"] == 1 and metrics["_n_clip_low"] == 1
+
+
+def test_dual_clip_metric_counts_only_negative_advantages() -> None:
+    # r = [4, 4, 2], A = [−1, +1, −1], c = 3: only token 0 has A < 0 and r > c.
+    lp = torch.log(_t([[4.0, 4.0, 2.0]]))
+    _, metrics = policy_loss(
+        lp,
+        torch.zeros_like(lp),
+        _t([[-1.0, 1.0, -1.0]]),
+        torch.ones(1, 3),
+        clip_low=0.2,
+        clip_high=0.28,
+        clip_c=3.0,
+    )
+    assert metrics[M.CLIP_RATIO_DUAL] == pytest.approx(1 / 3)
+    assert metrics[M.CLIP_RATIO_HIGH] == pytest.approx(1 / 3)  # token 1: A>0, r=4 > 1.28
+
+
+def test_clip_higher_keeps_the_gradient_of_a_rising_token() -> None:
+    # One token, A = +1, r = 1.25. PPO (ε = 0.2) clips at 1.2: gradient 0.
+    # Clip-Higher (ε_high = 0.28) lets it through: dℓ/dlp = −A·r = −1.25.
+    grads = {}
+    for eps_high in (0.2, 0.28):
+        lp = torch.log(_t([[1.25]])).requires_grad_(True)
+        loss, _ = policy_loss(
+            lp,
+            torch.zeros(1, 1, dtype=F64),
+            _t([1.0]),
+            torch.ones(1, 1),
+            clip_low=0.2,
+            clip_high=eps_high,
+        )
+        loss.backward()
+        grads[eps_high] = lp.grad.item()
+    assert grads[0.2] == 0.0
+    assert grads[0.28] == pytest.approx(-1.25)
+
+
+def test_advantages_per_sequence_broadcast_over_tokens() -> None:
+    lp = torch.randn(3, 4, dtype=F64, generator=torch.Generator().manual_seed(0))
+    old = lp.detach() + 0.1
+    adv = _t([0.5, -1.0, 2.0])
+    mask = torch.ones(3, 4)
+    a, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    b, _ = policy_loss(lp, old, adv[:, None].expand(3, 4), mask, clip_low=0.2, clip_high=0.28)
+    assert a.item() == b.item()
+
+
+# --- aggregation -------------------------------------------------------------------------------
+
+
+LOSS = _t([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
+
+
+def test_token_mean_hand_computed() -> None:
+    # (1 + 2 + 3 + 4) / 4 tokens = 2.5
+    assert aggregate(LOSS, MASK, "token-mean").item() == pytest.approx(2.5)
+    # with a global count of 10 tokens: 10 / 10 = 1
+    assert aggregate(LOSS, MASK, "token-mean", num_tokens=10).item() == pytest.approx(1.0)
+
+
+def test_seq_mean_token_mean_hand_computed() -> None:
+    # row means 6/3 = 2 and 4/1 = 4; (2 + 4) / 2 sequences = 3
+    assert aggregate(LOSS, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    # with a global count of 4 sequences: 6 / 4 = 1.5
+    assert aggregate(LOSS, MASK, "seq-mean-token-mean", num_seqs=4).item() == pytest.approx(1.5)
+
+
+def test_dr_grpo_hand_computed() -> None:
+    # sum 10 / (2 sequences · max_len 5) = 1
+    assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm", max_len=5).item() == pytest.approx(1.0)
+    # 10 / (4 · 5) = 0.5
+    got = aggregate(LOSS, MASK, "seq-mean-token-sum-norm", num_seqs=4, max_len=5)
+    assert got.item() == pytest.approx(0.5)
+
+
+def test_empty_row_leaves_the_defaulted_sequence_count() -> None:
+    loss = _t([[2.0, 4.0, 9.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    # row 0 mean (2 + 4)/2 = 3; row 1 has no token: contributes 0 and is not counted → 3 / 1
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    # a num_seqs passed in is the caller's: 3 / 2 = 1.5
+    assert aggregate(loss, mask, "seq-mean-token-mean", num_seqs=2).item() == pytest.approx(1.5)
+    # token-mean: (2 + 4) / 2 tokens = 3
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(3.0)
+    # Dr.GRPO's constant normaliser counts every row: 6 / (2 · 3) = 1
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", max_len=3).item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_no_valid_token_gives_zero_with_a_zero_gradient(agg: str) -> None:
+    loss = torch.ones(2, 3, dtype=F64, requires_grad=True)
+    out = aggregate(loss, torch.zeros(2, 3), agg, max_len=3)
+    assert out.item() == 0.0
+    out.backward()
+    assert torch.equal(loss.grad, torch.zeros(2, 3, dtype=F64))
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str) -> None:
+    # Padded positions hold −inf log-probs (as a model may) and +inf old log-probs.
+    lp = _t([[-0.5, -1.0, float("-inf")], [-0.2, float("-inf"), float("-inf")]])
+    lp.requires_grad_(True)
+    old = _t([[-0.6, -0.9, float("inf")], [-0.3, 0.0, float("nan")]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    loss, metrics = policy_loss(
+        lp, old, _t([1.0, -1.0]), mask, clip_low=0.2, clip_high=0.28, agg=agg, max_len=3
+    )
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert torch.isfinite(lp.grad).all()
+    assert torch.equal(lp.grad[~mask], torch.zeros(3, dtype=F64))
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_masked_mean() -> None:
+    x = _t([[1.0, 2.0], [3.0, float("nan")]])
+    m = torch.tensor([[1, 0], [1, 0]])
+    assert masked_mean(x, m).item() == pytest.approx(2.0)  # (1 + 3) / 2
+    assert masked_mean(x, torch.zeros(2, 2)).item() == 0.0
+
+
+# --- exact gradient accumulation ---------------------------------------------------------------
+
+
+def _batch(seed: int, B: int, T: int) -> tuple[torch.Tensor, ...]:
+    """Random leaf log-probs, old log-probs, advantages [B] and a right-padded mask (row 0 ≥ 1)."""
+    g = torch.Generator().manual_seed(seed)
+    lp = (-torch.rand(B, T, generator=g, dtype=F64) * 2).requires_grad_(True)
+    old = lp.detach() + 0.4 * torch.randn(B, T, generator=g, dtype=F64)
+    adv = torch.randn(B, generator=g, dtype=F64)
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[0] = max(int(lengths[0]), 1)
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # [B, T] bool
+    return lp, old, adv, mask
+
+
+def _global_counts(agg: str, mask: torch.Tensor) -> dict[str, int]:
+    """What a trainer passes to every micro-batch of the mini-batch."""
+    if agg == "token-mean":
+        return {"num_tokens": int(mask.sum())}
+    if agg == "seq-mean-token-mean":
+        return {"num_seqs": int((mask.sum(-1) > 0).sum())}
+    return {"num_seqs": mask.shape[0]}
+
+
+def _splits(B: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """Contiguous micro-batches of rows; at least two when B ≥ 2 and cuts is not empty."""
+    points = sorted({1 + c % (B - 1) for c in cuts})
+    edges = [0, *points, B]
+    return list(itertools.pairwise(edges))
+
+
+@FAST
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(2, 7),
+    T=st.integers(1, 6),
+    cuts=st.lists(st.integers(0, 50), min_size=1, max_size=4),
+    agg=st.sampled_from(AGG_MODES),
+    clip_c=st.sampled_from([None, 3.0]),
+)
+def test_micro_batches_with_global_counts_give_the_one_batch_gradient(
+    seed: int, B: int, T: int, cuts: list[int], agg: str, clip_c: float | None
+) -> None:
+    lp, old, adv, mask = _batch(seed, B, T)
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": clip_c, "agg": agg, "max_len": T + 2}
+
+    full, _ = policy_loss(lp, old, adv, mask, **kw)
+    (full_grad,) = torch.autograd.grad(full, lp)
+
+    counts = _global_counts(agg, mask)
+    total = torch.zeros((), dtype=F64)
+    for a, b in _splits(B, cuts):
+        part, _ = policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw, **counts)
+        total = total + part
+    (micro_grad,) = torch.autograd.grad(total, lp)
+
+    torch.testing.assert_close(total, full)
+    torch.testing.assert_close(micro_grad, full_grad)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_micro_batches_on_a_linear_policy_give_the_one_batch_parameter_gradient(agg: str) -> None:
+    # A tiny "policy": logits = x @ W over a vocabulary of 5; the gradient lands on W.
+    g = torch.Generator().manual_seed(7)
+    B, T, D, V = 6, 5, 3, 5
+    x = torch.randn(B, T, D, generator=g, dtype=F64)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    W = torch.randn(D, V, generator=g, dtype=F64, requires_grad=True)
+    lengths = torch.tensor([5, 1, 3, 0, 4, 2])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    adv = torch.randn(B, generator=g, dtype=F64)
+
+    def logprobs(rows: slice) -> torch.Tensor:
+        logits = x[rows] @ W  # [b, T, V]
+        return torch.log_softmax(logits, -1).gather(-1, tokens[rows, :, None]).squeeze(-1)
+
+    old = (logprobs(slice(None)) + 0.3 * torch.randn(B, T, generator=g, dtype=F64)).detach()
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T}
+
+    full, _ = policy_loss(logprobs(slice(None)), old, adv, mask, **kw)
+    (full_grad,) = torch.autograd.grad(full, W)
+
+    counts = _global_counts(agg, mask)
+    for a, b in [(0, 2), (2, 3), (3, 6)]:
+        part, _ = policy_loss(logprobs(slice(a, b)), old[a:b], adv[a:b], mask[a:b], **kw, **counts)
+        part.backward()  # gradients accumulate in W.grad, as in a trainer
+    torch.testing.assert_close(W.grad, full_grad)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_naive_per_micro_batch_mean_is_not_the_one_batch_gradient(agg: str) -> None:
+    # Micro-batch 1 is one short sequence, micro-batch 2 two long ones; each averaged on its own
+    # and the results averaged (the usual loss / n_micro accumulation) weighs micro-batch 1's
+    # tokens and sequence too much. The same split with global counts is exact.
+    lp = (-torch.rand(3, 4, dtype=F64, generator=torch.Generator().manual_seed(1))).requires_grad_(
+        True
+    )
+    old = lp.detach() - 0.05  # r ≈ 1.05: inside the clip range, every token has a gradient
+    adv = _t([1.0, -0.5, 2.0])
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg}
+    full, _ = policy_loss(lp, old, adv, mask, **kw)
+    (full_grad,) = torch.autograd.grad(full, lp)
+
+    splits = [(0, 1), (1, 3)]
+    naive = sum(policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw)[0] for a, b in splits)
+    (naive_grad,) = torch.autograd.grad(naive / len(splits), lp)
+    assert not torch.allclose(naive_grad, full_grad)
+
+    counts = _global_counts(agg, mask)
+    exact = sum(
+        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw, **counts)[0] for a, b in splits
+    )
+    (exact_grad,) = torch.autograd.grad(exact, lp)
+    torch.testing.assert_close(exact_grad, full_grad)
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 6), T=st.integers(1, 6), data=st.data())
+def test_token_mean_equals_seq_mean_when_all_lengths_are_equal(
+    seed: int, B: int, T: int, data: st.DataObject
+) -> None:
+    L = data.draw(st.integers(1, T))
+    lp, old, adv, _ = _batch(seed, B, T)
+    mask = (torch.arange(T) < L)[None, :].expand(B, T)
+    kw = {"clip_low": 0.2, "clip_high": 0.28}
+    a, _ = policy_loss(lp, old, adv, mask, agg="token-mean", **kw)
+    b, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean", **kw)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.autograd.grad(a, lp)[0], torch.autograd.grad(b, lp)[0])
+
+
+def test_token_mean_differs_from_seq_mean_when_lengths_differ() -> None:
+    # LOSS/MASK above: token-mean 2.5, seq-mean-token-mean 3.0
+    assert (
+        aggregate(LOSS, MASK, "token-mean").item()
+        != aggregate(LOSS, MASK, "seq-mean-token-mean").item()
+    )
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), B=st.integers(2, 6), T=st.integers(1, 6), cut=st.integers(1, 5))
+def test_raw_sums_combine_into_the_one_batch_fractions(seed: int, B: int, T: int, cut: int) -> None:
+    lp, old, adv, mask = _batch(seed, B, T)
+    old = lp.detach() + torch.randn(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 2.0}
+    _, full = policy_loss(lp, old, adv, mask, **kw)
+    c = min(cut, B - 1)
+    parts = [
+        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw)[1] for a, b in [(0, c), (c, B)]
+    ]
+    n = sum(p["_n_tokens"] for p in parts)
+    assert n == full["_n_tokens"]
+    for key, raw in [
+        (M.CLIP_RATIO_HIGH, "_n_clip_high"),
+        (M.CLIP_RATIO_LOW, "_n_clip_low"),
+        (M.CLIP_RATIO_DUAL, "_n_clip_dual"),
+        (M.APPROX_KL, "_sum_kl"),
+    ]:
+        assert sum(p[raw] for p in parts) / n == pytest.approx(full[key], abs=1e-12)
+
+
+# --- PPO as the special case ε_low = ε_high, and the dual clip ---------------------------------
+
+
+def _ppo_clip_reference(
+    lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """PPO's clipped objective (Schulman et al. 2017), written the textbook way: −min(...)."""
+    ratio = torch.exp(lp - old)
+    surr1 = ratio * adv[:, None]
+    surr2 = torch.clamp(ratio, 1 - eps, 1 + eps) * adv[:, None]
+    objective = torch.min(surr1, surr2)
+    m = mask.to(lp.dtype)
+    return -(objective * m).sum() / m.sum()
+
+
+@FAST
+@given(
+    seed=st.integers(0, 10_000), B=st.integers(1, 6), T=st.integers(1, 6), eps=st.floats(0.05, 0.5)
+)
+def test_equal_clip_bounds_give_ppo(seed: int, B: int, T: int, eps: float) -> None:
+    lp, old, adv, mask = _batch(seed, B, T)
+    ours, _ = policy_loss(lp, old, adv, mask, clip_low=eps, clip_high=eps, agg="token-mean")
+    ref = _ppo_clip_reference(lp, old, adv, mask, eps)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(ref, lp)[0])
+
+
+@FAST
+@given(
+    ratio=st.lists(st.floats(0.01, 20.0), min_size=1, max_size=12),
+    data=st.data(),
+    c=st.floats(1.01, 10.0),
+)
+def test_dual_clip_changes_only_negative_advantage_tokens(
+    ratio: list[float], data: st.DataObject, c: float
+) -> None:
+    adv_list = data.draw(st.lists(st.floats(-3.0, 3.0), min_size=len(ratio), max_size=len(ratio)))
+    r, a = _t([ratio]), _t([adv_list])
+    plain = clipped_surrogate(r, a, clip_low=0.2, clip_high=0.28)
+    dual = clipped_surrogate(r, a, clip_low=0.2, clip_high=0.28, clip_c=c)
+    nonneg = a >= 0
+    assert torch.equal(dual[nonneg], plain[nonneg])
+    neg = ~nonneg
+    torch.testing.assert_close(dual[neg], torch.minimum(plain[neg], -a[neg] * c))
+    assert bool((dual <= plain).all())
+
+
+# --- KL estimators -----------------------------------------------------------------------------
+
+
+def test_kl_estimators_hand_computed() -> None:
+    # π_θ = 0.5, π_ref = 0.25: log ρ = ln(0.25/0.5) = −0.693147, ρ = 0.5
+    lp, ref = torch.log(_t([[0.5]])), torch.log(_t([[0.25]]))
+    assert kl_penalty(lp, ref, "k1").item() == pytest.approx(0.693147, abs=1e-6)  # −log ρ
+    assert kl_penalty(lp, ref, "k2").item() == pytest.approx(0.240227, abs=1e-6)  # ½·0.480453
+    assert kl_penalty(lp, ref, "k3").item() == pytest.approx(0.193147, abs=1e-6)  # 0.5+0.693147−1
+
+
+# log-probs on a 0.01 grid: a subnormal difference would square to exactly 0.
+_LOGP = st.integers(-800, 0).map(lambda i: i / 100)
+
+
+@FAST
+@given(st.lists(st.tuples(_LOGP, _LOGP), min_size=1, max_size=10))
+def test_k2_k3_are_nonnegative_and_zero_only_at_equality(pairs: list[tuple[float, float]]) -> None:
+    lp = _t([[p for p, _ in pairs]])
+    ref = _t([[q for _, q in pairs]])
+    k2, k3 = kl_penalty(lp, ref, "k2"), kl_penalty(lp, ref, "k3")
+    assert bool((k2 >= 0).all()) and bool((k3 >= 0).all())
+    assert torch.equal(k2 == 0, lp == ref)
+    assert torch.equal(kl_penalty(ref, ref, "k3"), torch.zeros_like(ref))
+
+
+def test_k3_stays_finite_where_padding_holds_extreme_values() -> None:
+    lp = _t([[-0.5, -1000.0]]).requires_grad_(True)
+    ref = _t([[-0.7, 0.0]])
+    kl = aggregate(kl_penalty(lp, ref), torch.tensor([[1, 0]]), "token-mean")
+    kl.backward()
+    assert math.isfinite(kl.item())
+    assert torch.isfinite(lp.grad).all()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"agg": "sum"}, "agg='sum'"),
+        ({"agg": "seq-mean-token-sum-norm"}, "needs max_len"),
+        ({"clip_c": 1.0}, "dual-clip bound must be > 1"),
+        ({"clip_low": 1.0}, "ε_low must be in"),
+        ({"num_tokens": 0}, "must be > 0"),
+    ],
+)
+def test_bad_arguments_are_clear_value_errors(kwargs: dict, match: str) -> None:
+    lp = torch.zeros(2, 3)
+    args = {"clip_low": 0.2, "clip_high": 0.28, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 3), **args)
+
+
+def test_shape_mismatches_are_value_errors() -> None:
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"must be \[B\] or \[B, T\]"):
+        policy_loss(lp, lp, torch.zeros(3), torch.ones(2, 3), clip_low=0.2, clip_high=0.2)
+    with pytest.raises(ValueError, match=r"must all be \[B, T\]"):
+        policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 4), clip_low=0.2, clip_high=0.2)
+    with pytest.raises(ValueError, match="kind='k4'"):
+        kl_penalty(lp, lp, "k4")
