@@ -1,0 +1,308 @@
+"""The policy: the embedded tiny model (built, warm-started and cached here) or any causal LM.
+
+`load_policy(model_cfg, device)` returns `(model, tokenizer)` ready for the trainer: left
+padding, a pad token, the configured dtype, on `device`.
+
+The tiny model (`model.name_or_path = "tiny"`) is a Llama-style decoder built from the sizes in
+ModelConfig, with a tokenizer made here with the `tokenizers` library: one token per character
+plus `Answer:` as one token. It is warm-started by a deterministic supervised phase on worked
+solutions of the synthetic task (dapo_core.synthetic) so that RL starts from mixed rewards, and
+the result is cached on disk under `$DAPO_CACHE_DIR` (default: the user cache directory of
+`dapo-lab`), keyed by a hash of everything that determines the weights. A file lock makes
+concurrent processes (Ray actors training several arms at once) build it once and share it.
+The cached model is an ordinary `save_pretrained` directory, loaded with AutoModelForCausalLM /
+AutoTokenizer exactly like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dapo_core import synthetic
+from dapo_core.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+log = logging.getLogger(__name__)
+
+TINY = "tiny"
+TINY_BUILD_VERSION = 1
+"""Bump when the tiny model's architecture, tokenizer or warm-start recipe changes."""
+WARM_START_SEED = 0
+"""The warm start does not depend on the run's seed: every arm and seed starts from one model."""
+BUILD_LOG = "builds.jsonl"
+"""One line per tiny-model build in the cache root (key, seconds, final loss)."""
+INFO_FILE = "warm_start.json"
+
+PAD, EOS, UNK, ANSWER = "<pad>", "<eos>", "<unk>", "Answer:"
+# Newline and printable ASCII: any prompt can be encoded (other characters become <unk>).
+_CHARS = ["\n", *(chr(i) for i in range(32, 127))]
+
+
+# --- public entry point ---------------------------------------------------------------------
+def load_policy(
+    model_cfg: ModelConfig, device: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model and its tokenizer, ready to train on `device` (`cpu`, `cuda`, ...)."""
+    name = model_cfg.name_or_path
+    if name == TINY:
+        path = tiny_model_dir(model_cfg)
+    else:
+        path = Path(name).expanduser()
+        if _looks_local(name) and not path.exists():
+            raise FileNotFoundError(f"model path {name} does not exist")
+    model, tokenizer = _from_pretrained(str(path) if path.exists() else name, model_cfg.dtype)
+    model.to(torch.device(device))  # type: ignore[arg-type]
+    return model, tokenizer
+
+
+def _looks_local(name: str) -> bool:
+    # A hub id is `org/name` (one slash); anything else with a slash or a path prefix is a path.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _from_pretrained(
+    name_or_path: str, dtype: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # A hub name is tried from the local Hugging Face cache first; the network only when the
+    # hub answers at all (otherwise huggingface_hub retries for half a minute per file).
+    local_only = not Path(name_or_path).exists() and not _hub_reachable()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=getattr(torch, dtype), local_files_only=local_only
+        )
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if local_only:
+            first = f"not in the local Hugging Face cache and the hub cannot be reached ({first})"
+        raise ValueError(
+            f"could not load model {name_or_path!r} from the hub or a local path: {first}"
+        ) from exc
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face endpoint resolves and accepts a TCP connection (offline mode
+    set in the environment counts as unreachable)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = (
+        url.hostname or "huggingface.co",
+        url.port or (443 if url.scheme == "https" else 80),
+    )
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# --- the tiny model ----------------------------------------------------------------------------
+def cache_root() -> Path:
+    """`$DAPO_CACHE_DIR`, else the platform's user cache directory for dapo-lab."""
+    env = os.environ.get("DAPO_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("dapo-lab"))
+
+
+def tiny_cache_key(model_cfg: ModelConfig) -> str:
+    """Hash of everything that determines the warm-started weights (not dtype or device)."""
+    blob = {
+        "build": TINY_BUILD_VERSION,
+        "task": [synthetic.TASK_VERSION, synthetic.SLIP_RATE, synthetic.LONG_LINE_RATE],
+        "seed": WARM_START_SEED,
+        "vocab": tiny_vocab(),
+        "hidden_size": model_cfg.hidden_size,
+        "num_layers": model_cfg.num_layers,
+        "num_heads": model_cfg.num_heads,
+        "intermediate_size": model_cfg.intermediate_size,
+        "warm_start_steps": model_cfg.warm_start_steps,
+        "recipe": WarmStartRecipe().__dict__,
+        "torch": torch.__version__.split("+")[0],
+    }
+    text = json.dumps(blob, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tiny_model_dir(model_cfg: ModelConfig) -> Path:
+    """The cached warm-started tiny model's directory, built first if missing.
+
+    Under a file lock: the first process builds it into a temporary sibling and renames it into
+    place; the others wait on the lock and then find it there.
+    """
+    from filelock import FileLock
+
+    root = cache_root() / "tiny"
+    root.mkdir(parents=True, exist_ok=True)
+    key = tiny_cache_key(model_cfg)
+    final = root / key
+    if (final / INFO_FILE).exists():
+        return final
+    with FileLock(str(root / f"{key}.lock")):
+        if (final / INFO_FILE).exists():  # another process built it while we waited
+            return final
+        log.warning(
+            "building the tiny model (%d warm-start steps; cached in %s, done once per machine)",
+            model_cfg.warm_start_steps,
+            final,
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        try:
+            info = build_tiny_model(model_cfg, tmp)
+            info["key"] = key
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
+            if final.exists():  # a half-written leftover of a killed build
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        with (root / BUILD_LOG).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(info, sort_keys=True) + "\n")
+    return final
+
+
+def tiny_vocab() -> dict[str, int]:
+    vocab = {PAD: 0, EOS: 1, UNK: 2, ANSWER: 3}
+    for c in _CHARS:
+        vocab.setdefault(c, len(vocab))
+    return vocab
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Characters as tokens, `Answer:` as one (so the answer line costs 4 tokens, not 10)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(tiny_vocab(), unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"Answer:|[\s\S]"), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=512,
+    )
+
+
+def build_tiny_model(model_cfg: ModelConfig, out: Path) -> dict[str, Any]:
+    """Build, warm-start and save the tiny model and tokenizer to `out`; returns build info."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    vocab = tiny_vocab()
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=model_cfg.hidden_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_heads,
+        intermediate_size=model_cfg.intermediate_size,
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=vocab[EOS],
+        pad_token_id=vocab[PAD],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(WARM_START_SEED)
+        model = LlamaForCausalLM(config)
+        t0 = time.perf_counter()
+        stats = warm_start(model, tokenizer, model_cfg.warm_start_steps, WarmStartRecipe())
+    stats["seconds"] = round(time.perf_counter() - t0, 2)
+    stats["params"] = sum(p.numel() for p in model.parameters())
+    model.generation_config.eos_token_id = vocab[EOS]
+    model.generation_config.pad_token_id = vocab[PAD]
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return stats
+
+
+class WarmStartRecipe:
+    """Supervised phase hyperparameters (part of the cache key)."""
+
+    def __init__(self) -> None:
+        self.batch_size = 64
+        self.lr = 3e-3
+        self.warmup = 20
+        self.min_lr_ratio = 0.1
+        self.weight_decay = 0.0
+
+
+def warm_start(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int, recipe: WarmStartRecipe
+) -> dict[str, Any]:
+    """Teacher-forced next-token loss on worked solutions (prompt tokens masked), AdamW with
+    linear warm-up and cosine decay. Deterministic: fixed data seed, torch seeded by the caller."""
+    if steps == 0:
+        return {"steps": 0, "final_loss": None}
+    examples = synthetic.demonstrations(steps * recipe.batch_size, WARM_START_SEED)
+    eos = int(tokenizer.eos_token_id)  # type: ignore[arg-type]
+    pad = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+
+    def lr_at(u: int) -> float:
+        if u < recipe.warmup:
+            return (u + 1) / recipe.warmup
+        progress = (u - recipe.warmup) / max(1, steps - recipe.warmup)
+        return recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (
+            1 + math.cos(math.pi * progress)
+        )
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    losses: list[float] = []
+    for step in range(steps):
+        batch = examples[step * recipe.batch_size : (step + 1) * recipe.batch_size]
+        ids, labels = [], []
+        for prompt, solution in batch:
+            p = tokenizer(prompt)["input_ids"]
+            s = tokenizer(solution)["input_ids"] + [eos]
+            ids.append(p + s)
+            labels.append([-100] * len(p) + s)
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        label_t = torch.full((len(ids), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, (x, y) in enumerate(zip(ids, labels, strict=True)):
+            input_ids[i, : len(x)] = torch.tensor(x)
+            label_t[i, : len(y)] = torch.tensor(y)
+            attn[i, : len(x)] = 1
+        out = model(input_ids=input_ids, attention_mask=attn, labels=label_t)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss.detach()))
+    model.eval()
+    tail = losses[-10:]
+    return {"steps": steps, "final_loss": round(sum(tail) / len(tail), 4)}

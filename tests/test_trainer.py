@@ -1,0 +1,333 @@
+"""The trainer's step (Algorithm 1) with a scripted rollout engine whose outcomes are known.
+
+ScriptedEngine is a real RolloutEngine: it returns token ids the model scores, but which groups
+are informative, which responses are truncated and how long they are is fixed by a script, so
+dynamic sampling, the carry-over, the cap, the overlong filter and the LR schedule can be
+checked against hand-computed numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import dapo_core.trainer as trainer_mod
+from dapo_core import metric_names as M
+from dapo_core.config import ExperimentConfig
+from dapo_core.data import Problem
+from dapo_core.engines.base import Completion, SamplingParams
+from dapo_core.trainer import Trainer
+
+CHARS = "0123456789+-*=?:. abcdefghijklmnopqrstuvwxyzAW\n"
+EOS = 1
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def small_model(vocab: int, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+class ScriptedEngine:
+    """Call k answers prompt i correctly in `correct[k][i]` of its G responses (the first ones),
+    wrongly in the rest; `truncate[k][i]` responses (the last ones) are cut at the budget."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerFast,
+        correct: Sequence[Sequence[int]],
+        truncate: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        self.tok = tokenizer
+        self.correct = correct
+        self.truncate = truncate
+        self.calls: list[list[str]] = []
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[Completion]:
+        k = len(self.calls)
+        self.calls.append(list(prompts))
+        out = []
+        for i, prompt in enumerate(prompts):
+            answer = prompt.split("=")[-1]  # prompts are "what is a+b=<answer>" below
+            n_ok = self.correct[k % len(self.correct)][i]
+            n_cut = self.truncate[k % len(self.truncate)][i] if self.truncate else 0
+            for j in range(sampling.n):
+                text = f"so Answer: {answer}" if j < n_ok else "so Answer: 999"
+                ids = self.tok(text)["input_ids"]
+                if j >= sampling.n - n_cut:  # truncated: the budget filled, no EOS
+                    ids = (ids * sampling.max_tokens)[: sampling.max_tokens]
+                    reason = "length"
+                else:
+                    ids = [*ids, EOS]
+                    reason = "stop"
+                out.append(
+                    Completion(
+                        prompt_index=i,
+                        prompt_ids=self.tok(prompt)["input_ids"],
+                        token_ids=ids,
+                        logprobs=[],
+                        finish_reason=reason,  # type: ignore[arg-type]
+                        text=self.tok.decode(ids, skip_special_tokens=True),
+                    )
+                )
+        return out
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": len(self.calls)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+# Single-digit answers, so every correct response has the same length.
+PROBLEMS = [
+    Problem(prompt=f"what is {i}+1", answer=str(i + 1), source="t", idx=i) for i in range(8)
+]
+
+
+def make_cfg(**overrides: Any) -> ExperimentConfig:
+    base = {
+        "rollout.group_size": 4,
+        "rollout.max_response_len": 24,
+        "algo.overlong_cache_len": 8,
+        "batch.train_batch_size": 4,
+        "batch.gen_batch_size": 4,
+        "batch.mini_batch_size": 2,
+        "batch.micro_batch_size": 8,
+        "optim.lr": 1e-3,
+        "optim.warmup_updates": 0,
+        "run.samples_per_step": 3,
+        "run.device": "cpu",
+    }
+    base.update(overrides)
+    return ExperimentConfig().with_overrides(base)
+
+
+def make_trainer(cfg: ExperimentConfig, engine: ScriptedEngine, seed: int = 0) -> Trainer:
+    tok = engine.tok
+    return Trainer(
+        cfg,
+        small_model(len(tok), seed),
+        tok,
+        engine,
+        PROBLEMS,
+        format_prompt=lambda p: f"{p.prompt}={p.answer}",
+    )
+
+
+def test_one_step_reads_like_algorithm_1() -> None:
+    tok = char_tokenizer()
+    # 4 prompts × G=4: correct counts 4, 0, 2, 1 → groups 0 and 1 are uninformative.
+    engine = ScriptedEngine(tok, correct=[[4, 0, 2, 1]])
+    trainer = make_trainer(make_cfg(), engine)
+    result = trainer.step()
+    m = result.metrics
+    # acc = (4 + 0 + 2 + 1) / 16 = 0.4375; score = 2·acc − 1 = −0.125; no penalty (arm grpo).
+    assert m[M.ACC_MEAN] == pytest.approx(7 / 16)
+    assert m[M.SCORE_MEAN] == pytest.approx(-0.125)
+    assert m[M.REWARD_MEAN] == pytest.approx(-0.125)
+    assert m[M.KEPT_GROUPS] == pytest.approx(0.5)
+    assert m[M.TRAIN_GROUPS] == 4  # no dynamic sampling: every group trains
+    assert m[M.GEN_BATCHES] == 1
+    # 4 groups / mini-batches of 2 groups × 1 epoch = 2 gradient updates
+    assert m[M.GRAD_UPDATES] == 2
+    assert m[M.ROLLOUT_STEP] == 1
+    # "so Answer: 5" + EOS = 13 tokens, "so Answer: 999" + EOS = 15 tokens:
+    # 7 correct · 13 + 9 wrong · 15 = 91 + 135 = 226
+    assert m[M.TOKENS_TOTAL] == 226
+    assert m[M.RESPONSE_LENGTH_MEAN] == pytest.approx(226 / 16)
+    assert m[M.RESPONSE_LENGTH_MAX] == 15
+    assert m[M.ENTROPY_MEAN] > 0 and m[M.GRAD_NORM] > 0
+    assert 0 <= m[M.CLIP_RATIO_HIGH] <= 1 and 0 <= m[M.CLIP_RATIO_LOW] <= 1
+    assert len(result.samples) == 3
+    assert set(result.samples[0]) == {
+        "prompt", "response", "ground_truth", "pred", "reward", "score",
+        "overlong_penalty", "correct", "length", "truncated",
+    }  # fmt: skip
+
+
+def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -> None:
+    tok = char_tokenizer()
+    G = 4
+    informative, solved, failed = 2, G, 0
+    engine = ScriptedEngine(
+        tok,
+        correct=[
+            [informative, solved, informative, informative],  # call 1: 3 kept
+            [informative, informative, failed, informative],  # call 2: 3 kept → 6, carry 2
+            [failed, solved, failed, failed],  # step 2, call 3: 0 kept
+            [failed, failed, failed, informative],  # call 4: 1 kept → 2 + 1 = 3
+            [solved, solved, solved, solved],  # call 5: 0 kept, the cap (3 batches)
+            [failed] * 4,  # step 3: nothing at all
+            [failed] * 4,
+            [failed] * 4,
+        ],
+    )
+    cfg = make_cfg(**{"algo.dynamic_sampling": True, "algo.max_gen_batches": 3})
+    trainer = make_trainer(cfg, engine)
+
+    m1 = trainer.step().metrics
+    assert (m1[M.GEN_BATCHES], m1[M.TRAIN_GROUPS], m1[M.CARRIED_GROUPS]) == (2, 4, 2)
+    assert m1[M.KEPT_GROUPS] == pytest.approx(6 / 8)
+    assert m1[M.GRAD_UPDATES] == 2  # 4 groups / 2 per mini-batch
+    carried = [g.prompt for g in trainer.carried_groups]
+    assert carried == [engine.calls[1][1], engine.calls[1][3]]  # the surplus, oldest first
+
+    # The carry survives a checkpoint round trip.
+    state = trainer.state_dict()
+    clone = make_trainer(cfg, ScriptedEngine(tok, correct=engine.correct))
+    clone.load_state_dict(state)
+    assert [g.prompt for g in clone.carried_groups] == carried
+    assert clone.carried_groups[0].rollouts[0].completion.token_ids == (
+        trainer.carried_groups[0].rollouts[0].completion.token_ids
+    )
+
+    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+        m2 = trainer.step().metrics
+    # carry 2 + 0 + 1 + 0 = 3 < 4 after 3 batches: train on the 3, never crash
+    assert (m2[M.GEN_BATCHES], m2[M.TRAIN_GROUPS], m2[M.CARRIED_GROUPS]) == (3, 3, 0)
+    assert m2[M.GRAD_UPDATES] == 2 + 2  # 3 groups → mini-batches of 2 and 1
+    assert "max_gen_batches=3 with 3/4" in caplog.text
+    assert m2[M.GEN_BATCHES_TOTAL] == 5
+
+    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+        m3 = trainer.step().metrics
+    assert m3[M.TRAIN_GROUPS] == 0
+    assert m3[M.GRAD_UPDATES] == 4  # no update
+    assert m3[M.POLICY_LOSS] != m3[M.POLICY_LOSS]  # NaN: nothing trained
+    assert "kept 0 informative groups out of 12 in 3 generation batches" in caplog.text
+
+
+def _grads_after_one_minibatch(cfg: ExperimentConfig) -> list[torch.Tensor]:
+    tok = char_tokenizer()
+    engine = ScriptedEngine(tok, correct=[[3, 1, 2, 0]], truncate=[[1, 0, 2, 1]])
+    trainer = make_trainer(cfg, engine)
+    grads: list[torch.Tensor] = []
+
+    def capture(opt: Any, args: Any, kwargs: Any) -> None:
+        if not grads:
+            grads.extend(p.grad.clone() for p in trainer.model.parameters())
+
+    trainer.optimizer.register_step_pre_hook(capture)
+    trainer.step()
+    return grads
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batch_gradient_is_exact(agg: str) -> None:
+    # One mini-batch of all 4 groups (16 sequences), overlong filter on: micro-batches of 1
+    # sequence must give the gradient of one micro-batch of 16.
+    common = {
+        "algo.loss_agg": agg,
+        "algo.overlong_filter": True,
+        "batch.mini_batch_size": 4,
+        "optim.grad_clip": 1e9,
+    }
+    one = _grads_after_one_minibatch(make_cfg(**common, **{"batch.micro_batch_size": 1}))
+    whole = _grads_after_one_minibatch(make_cfg(**common, **{"batch.micro_batch_size": 16}))
+    assert any(g.abs().sum() > 0 for g in whole)
+    for a, b in zip(one, whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_overlong_filter_removes_truncated_rows_from_the_token_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[float, float]] = []
+    real = trainer_mod.policy_loss
+
+    def spy(logprobs, old, adv, mask, **kw):  # type: ignore[no-untyped-def]
+        seen.append((float(kw["num_tokens"]), float(mask.sum())))
+        return real(logprobs, old, adv, mask, **kw)
+
+    monkeypatch.setattr(trainer_mod, "policy_loss", spy)
+    tok = char_tokenizer()
+    # One mini-batch of 4 groups; prompt 1 and 2 have 1 and 2 truncated responses of 24 tokens.
+    cfg = make_cfg(**{"batch.mini_batch_size": 4, "batch.micro_batch_size": 64})
+    for overlong_filter in (False, True):
+        seen.clear()
+        c = cfg.with_overrides({"algo.overlong_filter": overlong_filter})
+        engine = ScriptedEngine(tok, correct=[[2, 2, 2, 2]], truncate=[[0, 1, 2, 0]])
+        make_trainer(c, engine).step()
+        ((num_tokens, mask_tokens),) = seen
+        # correct rows have 13 tokens, wrong ones 15, truncated ones 24 (the budget):
+        # without the filter all 16 rows count: 8·13 + 5·15 + 3·24 = 104 + 75 + 72 = 251;
+        # with it the 3 truncated rows leave the loss and the count: 251 − 72 = 179.
+        assert num_tokens == mask_tokens == (179 if overlong_filter else 251)
+
+
+def test_lr_warm_up_follows_gradient_updates() -> None:
+    tok = char_tokenizer()
+    engine = ScriptedEngine(tok, correct=[[1, 2, 3, 2]])
+    # 4 groups / 2 per mini-batch × μ=2 epochs = 4 updates per rollout step; warm-up 6 updates.
+    cfg = make_cfg(**{"optim.warmup_updates": 6, "algo.ppo_epochs": 2, "optim.lr": 0.01})
+    trainer = make_trainer(cfg, engine)
+    lrs: list[float] = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"])
+    )
+    trainer.step()
+    m = trainer.step().metrics
+    # update u (0-based) uses 0.01 · min(1, (u + 1) / 6)
+    expected = [0.01 * min(1.0, (u + 1) / 6) for u in range(8)]
+    assert lrs == pytest.approx(expected)
+    assert m[M.GRAD_UPDATES] == 8 and m[M.ROLLOUT_STEP] == 2
+
+
+def test_soft_overlong_penalty_enters_the_reward() -> None:
+    tok = char_tokenizer()
+    engine = ScriptedEngine(tok, correct=[[4, 4, 4, 4]], truncate=[[1, 0, 0, 0]])
+    cfg = make_cfg(**{"algo.overlong_penalty": True})
+    m = trainer_step_metrics(cfg, engine)
+    # L_max 24, L_cache 8: ramp from 16 tokens. 15 correct rows of 13 tokens: 0 penalty;
+    # 1 truncated row of 24 tokens: (16 − 24) / 8 = −1. Mean penalty = −1/16.
+    assert m[M.OVERLONG_PENALTY_MEAN] == pytest.approx(-1 / 16)
+    # (the truncated row's correctness depends on how its repeated text parses, so the
+    # reward is checked against the score rather than a constant)
+    assert m[M.REWARD_MEAN] == pytest.approx(m[M.SCORE_MEAN] - 1 / 16)
+    assert m[M.RESPONSE_CLIP_RATIO] == pytest.approx(1 / 16)
+
+
+def trainer_step_metrics(cfg: ExperimentConfig, engine: ScriptedEngine) -> dict[str, float]:
+    return make_trainer(cfg, engine).step().metrics
+
+
+def test_single_minibatch_single_epoch_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    tok = char_tokenizer()
+    trainer_mod._warned.discard("ratio-one")
+    cfg = make_cfg(**{"batch.mini_batch_size": 4})
+    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+        make_trainer(cfg, ScriptedEngine(tok, correct=[[1, 2, 3, 2]]))
+        make_trainer(cfg, ScriptedEngine(tok, correct=[[1, 2, 3, 2]]))
+    assert caplog.text.count("importance ratio is exactly 1") == 1
