@@ -1,0 +1,12 @@
+"""The experiment store of DAPO Lab: every number the platform shows lives here.
+
+- `db.engine`: the store URL ($DAPO_DB_URL, else a SQLite file in the user's data directory) and
+  one cached, migrated engine per URL.
+- `db.store.Store`: the write side (sweeps, run attempts) and `SqlSink`, the trainer's metrics
+  sink (one transaction per step, idempotent on (run, step, name)).
+- `db.queries`: the read side (ablation table, curves, samples, run pages) as DataFrames.
+- `db.cli`: `dapo db upgrade`, `dapo db current`, `dapo table`.
+
+db/ is the only package that speaks SQL. It imports nothing from dapo_core (no torch): configs
+arrive as plain JSON-able dicts and the sink matches the trainer's protocol structurally.
+"""

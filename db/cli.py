@@ -1,0 +1,172 @@
+"""`dapo db upgrade`, `dapo db current`, `dapo table`: the store's subcommands.
+
+flows/cli.py's dispatcher calls `register(subparsers)`. Bad input (a malformed URL, a sweep
+that does not exist, a server that does not answer) raises ValueError / ConnectionError /
+FileNotFoundError with one line, which the dispatcher prints as `error: ...` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from db import table_format
+
+# sqlalchemy, alembic and pandas are imported by the commands themselves, so that `dapo --help`
+# and the other layers' commands do not pay for them.
+
+URL_HELP = "store URL (default: $DAPO_DB_URL, else the SQLite file in the user's data directory)"
+
+
+def register(subparsers: Any) -> None:
+    """Add `db` (upgrade, current) and `table` to the `dapo` dispatcher."""
+    db_parser = subparsers.add_parser(
+        "db",
+        help="the experiment store: migrate it, show its schema revision",
+        description="Manage the experiment store: $DAPO_DB_URL when set, else a SQLite file in "
+        "the user's data directory (`dapo db current` prints which).",
+    )
+    db_parser.set_defaults(func=_help_of(db_parser))
+    actions = db_parser.add_subparsers(dest="db_command", metavar="ACTION")
+    upgrade = actions.add_parser(
+        "upgrade",
+        help="migrate the store to this code's schema (creates a fresh one)",
+        description="Run the store's migrations up to the newest revision this code knows.",
+    )
+    upgrade.add_argument("--url", default=None, help=URL_HELP)
+    upgrade.set_defaults(func=cmd_upgrade)
+    current = actions.add_parser(
+        "current",
+        help="print the store's URL and schema revision",
+        description="Print which store the commands use and its schema revision.",
+    )
+    current.add_argument("--url", default=None, help=URL_HELP)
+    current.set_defaults(func=cmd_current)
+
+    table = subparsers.add_parser(
+        "table",
+        help="print a sweep's ablation table",
+        description="Print the ablation table of a sweep: per arm, in ladder order, the final "
+        "eval score per seed and mean ± std over seeds, Δ to the previous arm and to the "
+        "baseline, the paper's number, steps, updates, tokens, time and status.",
+    )
+    table.add_argument("--sweep", type=int, default=None, help="sweep id (default: the newest)")
+    table.add_argument(
+        "--format", choices=table_format.FORMATS, default="text", help="output format (text)"
+    )
+    table.add_argument("--url", default=None, help=URL_HELP)
+    table.add_argument(
+        "--dataset", default=None, help="evaluation data set to score by (default: the usual one)"
+    )
+    table.add_argument("--k", type=int, default=None, help="the evaluation's k (avg@k)")
+    table.set_defaults(func=cmd_table)
+
+
+def _help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    def show(_args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return show
+
+
+@contextmanager
+def _explained(url: str) -> Iterator[None]:
+    """Database errors as the one-line exceptions the dispatcher prints."""
+    import sqlalchemy as sa
+
+    from db import engine as db_engine
+
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as error:
+        raise db_engine.explain(error, url) from error
+
+
+def _existing(url: str) -> None:
+    """Read-only commands do not create a SQLite file: a missing one is a mistake to report."""
+    from db import engine as db_engine
+
+    parsed = db_engine.parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return
+    path = db_engine.sqlite_path(parsed)
+    if path is not None and not path.exists():
+        raise FileNotFoundError(
+            f"no store at {path} (it is created by the first `dapo sweep`, or `dapo db upgrade`)"
+        )
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from db import engine as db_engine
+    from db import migrate
+
+    url = db_engine.resolve_url(args.url)
+    where = db_engine.safe_url(url)
+    engine = db_engine.create(url)
+    try:
+        with _explained(url):
+            before, after = migrate.upgrade(engine, where)
+    finally:
+        engine.dispose()
+    db_engine.dispose(url)  # a cached engine of this process would hold the old schema check
+    if before == after:
+        print(f"store {where} is at the newest schema revision {after}")
+    else:
+        print(f"store {where}: upgraded schema from {before or '(empty)'} to {after}")
+    return 0
+
+
+def cmd_current(args: argparse.Namespace) -> int:
+    from db import engine as db_engine
+    from db import migrate
+
+    url = db_engine.resolve_url(args.url)
+    where = db_engine.safe_url(url)
+    print(f"store: {where}")
+    parsed = db_engine.parse_url(url)
+    path = db_engine.sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
+    if path is not None and not path.exists():
+        print("revision: none (the file does not exist yet; the first write creates it)")
+        return 0
+    engine = db_engine.create(url)
+    try:
+        with _explained(url), engine.connect() as conn:
+            state = migrate.schema_state(conn)
+    finally:
+        engine.dispose()
+    if state.up_to_date:
+        note = "up to date"
+    elif state.newer:
+        note = f"NEWER than this code's {state.head}: upgrade dapo-lab"
+    elif state.current is None:
+        note = f"empty; `dapo db upgrade` (or first use) creates revision {state.head}"
+    else:
+        note = f"older than this code's {state.head}: run `dapo db upgrade`"
+    print(f"revision: {state.current or 'none'} ({note})")
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from db import engine as db_engine
+    from db import queries
+
+    url = db_engine.resolve_url(args.url)
+    _existing(url)
+    engine = db_engine.get_engine(url)
+    with _explained(url):
+        sweep_id = args.sweep
+        if sweep_id is None:
+            sweep_id = queries.latest_sweep_id(engine)
+            if sweep_id is None:
+                raise ValueError(
+                    f"the store {db_engine.safe_url(url)} has no sweeps yet: start one with "
+                    "`dapo sweep`"
+                )
+        table = queries.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
+        sweep = queries.sweep_details(engine, sweep_id)
+    sys.stdout.write(table_format.render(table, args.format, sweep))
+    return 0

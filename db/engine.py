@@ -1,0 +1,215 @@
+"""The store's URL and its engine: one per URL per process, checked and migrated on first use.
+
+URL: the argument, else $DAPO_DB_URL, else a SQLite file in the user's data directory
+(`~/.local/share/dapo-lab/dapo.db` on Linux). PostgreSQL goes through the psycopg 3 driver:
+`postgresql+psycopg://user@host:5432/db` (a bare `postgresql://` URL is taken to mean it).
+
+A fresh database (no tables) is migrated on first use; an older SQLite file is upgraded; an
+older PostgreSQL database asks for `dapo db upgrade` (a shared server is migrated on purpose);
+a database at a revision this code does not know is refused. Every failure to open a store is
+one line: ValueError (bad URL, wrong schema), FileNotFoundError / PermissionError (SQLite
+path), ConnectionError (server unreachable, login refused).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from platformdirs import user_data_dir
+from sqlalchemy import event
+from sqlalchemy.pool import StaticPool
+
+from db import migrate
+from db.transactions import WRITE_OPTION
+
+ENV_VAR = "DAPO_DB_URL"
+APP_NAME = "dapo-lab"
+DEFAULT_FILE = "dapo.db"
+SUPPORTED = "sqlite:///path/to/dapo.db or postgresql+psycopg://user@host:5432/db"
+
+# A writer waits this long for SQLite's write lock before giving up (then db.transactions retries).
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# How long a PostgreSQL connection attempt may take before the store is called unreachable.
+PG_CONNECT_TIMEOUT_S = 10
+
+_ENGINES: dict[str, sa.Engine] = {}
+_LOCK = threading.RLock()
+
+
+def default_url() -> str:
+    """The SQLite file in the user's data directory (the directory is created)."""
+    directory = Path(user_data_dir(APP_NAME, appauthor=False))
+    directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{directory / DEFAULT_FILE}"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """`url`, else $DAPO_DB_URL, else the default SQLite file; driver-less PostgreSQL URLs get
+    the psycopg 3 driver."""
+    chosen = (url or "").strip() or os.environ.get(ENV_VAR, "").strip() or default_url()
+    return _with_driver(chosen)
+
+
+def _with_driver(url: str) -> str:
+    for bare in ("postgresql://", "postgres://"):
+        if url.startswith(bare):
+            return "postgresql+psycopg://" + url[len(bare) :]
+    return url
+
+
+def safe_url(url: str | sa.URL) -> str:
+    """The URL with its password masked, fit for messages and pages."""
+    if isinstance(url, sa.URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparseable: mask anything that looks like user:password@
+        return re.sub(r"(//[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def parse_url(url: str) -> sa.URL:
+    """A URL the store can use, or ValueError saying what is wrong with it."""
+    try:
+        parsed = sa.make_url(url)
+    except Exception as error:
+        raise ValueError(f"malformed store URL {safe_url(url)!r}: expected {SUPPORTED}") from error
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        return parsed
+    if backend == "postgresql" and driver == "psycopg":
+        if not parsed.database:
+            raise ValueError(
+                f"store URL {safe_url(parsed)} names no database: expected {SUPPORTED}"
+            )
+        return parsed
+    raise ValueError(f"unsupported store URL {safe_url(parsed)}: expected {SUPPORTED}")
+
+
+def sqlite_path(url: sa.URL) -> Path | None:
+    """The file of a SQLite URL (None for an in-memory database)."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database).expanduser()
+
+
+def create(url: str) -> sa.Engine:
+    """A configured engine for `url`, without touching the database (no schema check)."""
+    parsed = parse_url(_with_driver(url))
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return _postgres_engine(parsed)
+
+
+def _sqlite_engine(url: sa.URL) -> sa.Engine:
+    path = sqlite_path(url)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+    if path is None:
+        # One shared connection, so that every checkout sees the same in-memory database.
+        kwargs = {"connect_args": {"check_same_thread": False}, "poolclass": StaticPool}
+    else:
+        if not path.parent.is_dir():
+            raise FileNotFoundError(
+                f"no directory {path.parent} for the SQLite store {safe_url(url)}"
+            )
+        if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+            raise PermissionError(f"cannot read and write the SQLite store {path}")
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # db.transactions emits BEGIN itself (see there why); the driver's own, which defers
+        # BEGIN until the first write, would let two writers deadlock on a lock upgrade.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if path is not None:
+            # WAL: readers never block the writer nor it them. FULL sync: a step is on disk
+            # when log_metrics returns (one fsync per transaction), as with PostgreSQL's
+            # synchronous_commit; NORMAL would be faster and could lose the last steps to a
+            # power cut.
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        write = conn.get_execution_options().get(WRITE_OPTION)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _postgres_engine(url: sa.URL) -> sa.Engine:
+    connect_args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    # pre-ping: a worker that outlives a server restart reconnects instead of failing a step
+    return sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+
+
+def explain(error: Exception, url: str | sa.URL) -> Exception:
+    """The one-line exception a user should see for a failure to open or use the store."""
+    where = safe_url(url)
+    if isinstance(error, ValueError | OSError):
+        return error
+    orig: BaseException = getattr(error, "orig", None) or error
+    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    if isinstance(error, sa.exc.DatabaseError) and "file is not a database" in first:
+        return ValueError(f"{where} is not a SQLite database ({first})")
+    if isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return ConnectionError(f"cannot open the store {where}: {first}")
+    if isinstance(error, sa.exc.SQLAlchemyError):
+        return ConnectionError(f"the store {where} failed: {first}")
+    return error
+
+
+def get_engine(url: str | None = None) -> sa.Engine:
+    """The engine of the store at `url` (see resolve_url), cached per URL in this process.
+
+    On first use the schema is checked and, for a fresh database, created (see the module
+    docstring for the rules).
+    """
+    resolved = resolve_url(url)
+    with _LOCK:
+        engine = _ENGINES.get(resolved)
+        if engine is not None:
+            return engine
+        engine = create(resolved)
+        try:
+            is_sqlite = engine.dialect.name == "sqlite"
+            migrate.ensure_schema(engine, safe_url(resolved), upgrade_older=is_sqlite)
+        except Exception as error:
+            engine.dispose()
+            raise explain(error, resolved) from error
+        _ENGINES[resolved] = engine
+        return engine
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (multiprocessing, some Ray and Prefect workers), the parent's pooled
+    connections must not be used, nor closed under it: drop them and start afresh."""
+    for engine in _ENGINES.values():
+        engine.dispose(close=False)
+    _ENGINES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def dispose(url: str | None = None) -> None:
+    """Close the pooled connections of one cached engine (or of all with url=None) and forget
+    it; the next get_engine opens (and checks) the store again."""
+    with _LOCK:
+        urls = list(_ENGINES) if url is None else [resolve_url(url)]
+        for key in urls:
+            engine = _ENGINES.pop(key, None)
+            if engine is not None:
+                engine.dispose()

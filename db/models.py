@@ -1,0 +1,205 @@
+"""The store's tables as SQLAlchemy 2.0 declarative models.
+
+    sweeps        one ablation ladder: arms × seeds, base config, ladder (what each arm adds,
+                  the paper's score), status, Prefect flow-run id
+    runs          one attempt of one (sweep, arm, seed): config JSON and its hash, status,
+                  counters (steps, gradient updates, tokens, wall time), host, checkpoint, error
+    metrics       long format (run, step, name) -> value; NULL stands for NaN/inf
+    evaluations   (run, dataset, k, step) -> avg@k, pass@k, cons@k, number of problems
+    samples       a few rollouts per (run, step), with the reward split into its parts
+
+Rows are keyed by what they mean ((run, step, name) for a metric) rather than by a surrogate id, so a replayed step
+upserts onto its earlier rows and can never duplicate them. The schema is created by the Alembic
+migrations in db/migrations (a test checks that they match these models).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SWEEP_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+RUN_STATUSES = ("running", "completed", "failed", "cancelled")
+TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+
+# Deterministic constraint names, so that migrations can refer to (and drop) them on both backends.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSON documents: JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
+JSONType = sa.JSON(none_as_null=True).with_variant(
+    postgresql.JSONB(none_as_null=True), "postgresql"
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timestamp that is always read back as an aware UTC datetime.
+
+    PostgreSQL keeps `timestamptz`; SQLite keeps the UTC wall time as text, which this type
+    tags with UTC again on the way out, so both backends give the same values.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store keeps aware UTC timestamps")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)  # type: ignore[no-any-return]
+        return value.astimezone(UTC)  # type: ignore[no-any-return]
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    preset: Mapped[str] = mapped_column(sa.String(100))
+    status: Mapped[str] = mapped_column(sa.String(16))
+    arms: Mapped[list[str]] = mapped_column(JSONType)
+    seeds: Mapped[list[int]] = mapped_column(JSONType)
+    # [{"arm", "adds", "paper_score"}] in ladder order: the row order of the ablation table.
+    ladder: Mapped[list[dict[str, Any]]] = mapped_column(JSONType)
+    base_config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    flow_run_id: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (sa.CheckConstraint(_in("status", SWEEP_STATUSES), name="status"),)
+
+
+class Run(Base):
+    """One attempt of one (sweep, arm, seed); a rerun is a new row with attempt + 1."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id", ondelete="CASCADE"))
+    arm: Mapped[str] = mapped_column(sa.String(100))
+    seed: Mapped[int] = mapped_column(sa.Integer)
+    attempt: Mapped[int] = mapped_column(sa.Integer)
+    status: Mapped[str] = mapped_column(sa.String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    config_hash: Mapped[str] = mapped_column(sa.String(128))
+    host: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
+    flow_run_id: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    checkpoint_dir: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    steps: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    grad_updates: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    tokens: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    wall_s: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    __table_args__ = (
+        # Also the index behind "latest (completed) attempt of (sweep, arm, seed)".
+        sa.UniqueConstraint("sweep_id", "arm", "seed", "attempt"),
+        sa.CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+        sa.CheckConstraint("attempt >= 1", name="attempt_positive"),
+    )
+
+
+class Metric(Base):
+    """One scalar of one step. The key (run, step, name) keeps a step's rows together: a step's
+    upsert touches one or two pages instead of one per metric, which is what makes a step one
+    cheap transaction (bench/bench_store.py); a curve reads the run's range and filters names."""
+
+    __tablename__ = "metrics"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    value: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+
+    # SQLite: the key is the table (one B-tree, not a rowid table plus a key index).
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+class Evaluation(Base):
+    __tablename__ = "evaluations"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    dataset: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    k: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    avg_at_k: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    pass_at_k: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    cons_at_k: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    n_problems: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    # Any further keys of the evaluation result (kept, never interpreted).
+    extra: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+class Sample(Base):
+    """One rollout kept for the rollout browser: reward = score + overlong_penalty (Eq. 13)."""
+
+    __tablename__ = "samples"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    idx: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    prompt: Mapped[str] = mapped_column(sa.Text)
+    response: Mapped[str] = mapped_column(sa.Text)
+    ground_truth: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    pred: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    reward: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    score: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    overlong_penalty: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    correct: Mapped[bool] = mapped_column(sa.Boolean)
+    length: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    truncated: Mapped[bool] = mapped_column(sa.Boolean)
+    extra: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+
+
+TABLES = ("sweeps", "runs", "metrics", "evaluations", "samples")
+
+# The tables themselves, typed as Table for Core statements (`Model.__table__` is typed loosely).
+SWEEPS = cast(sa.Table, Sweep.__table__)
+RUNS = cast(sa.Table, Run.__table__)
+METRICS = cast(sa.Table, Metric.__table__)
+EVALUATIONS = cast(sa.Table, Evaluation.__table__)
+SAMPLES = cast(sa.Table, Sample.__table__)

@@ -1,0 +1,175 @@
+"""`dapo db upgrade`, `dapo db current` and `dapo table`, run as a user runs them: the console
+script in a subprocess, against a SQLite file and a PostgreSQL schema."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import dashboard_fixtures as fx
+import pytest
+import sqlalchemy as sa
+
+from db import engine as db_engine
+from db import migrate, queries
+
+ROOT = Path(__file__).resolve().parents[1]
+DAPO = ROOT / ".venv" / "bin" / "dapo"
+
+
+def dapo(
+    *args: str, url: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = dict(os.environ, **(env or {}))
+    environ.pop("DAPO_DEBUG", None)
+    if url is not None:
+        environ["DAPO_DB_URL"] = url
+    return subprocess.run(
+        [str(DAPO), *args], capture_output=True, text=True, env=environ, timeout=120, check=False
+    )
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The process failed with exactly one line on stderr, `error: ...`, and no traceback."""
+    assert done.returncode != 0, done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_upgrade_then_current_on_a_new_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    url = f"sqlite:///{path}"
+    current = dapo("db", "current", "--url", url)
+    assert current.returncode == 0 and "the file does not exist yet" in current.stdout
+    assert not path.exists()  # looking does not create it
+    done = dapo("db", "upgrade", "--url", url)
+    assert done.returncode == 0, done.stderr
+    assert f"upgraded schema from (empty) to {migrate.head_revision()}" in done.stdout
+    again = dapo("db", "upgrade", url=url)  # the URL from the environment this time
+    assert "is at the newest schema revision" in again.stdout
+    current = dapo("db", "current", url=url)
+    assert f"revision: {migrate.head_revision()} (up to date)" in current.stdout
+
+
+def test_current_and_upgrade_on_postgres(request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("pg_schemas")()
+    assert "revision: none (empty" in dapo("db", "current", url=url).stdout
+    assert dapo("db", "upgrade", url=url).returncode == 0
+    assert "(up to date)" in dapo("db", "current", url=url).stdout
+
+
+@pytest.fixture
+def filled(store_url: str) -> fx.FixtureStore:
+    return fx.build_store(store_url)
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The dispatcher's main() in this process (same code path, no interpreter start)."""
+    from flows.cli import main
+
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_table_text_markdown_and_csv(
+    filled: fx.FixtureStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = ("--sweep", str(filled.sweep_id), "--url", filled.url)
+    lines = run_in_process(capsys, "table", *sweep).splitlines()
+    assert lines[0].startswith(f"sweep {filled.sweep_id} 'ladder' (preset tiny, running)")
+    assert "aime2024 avg@4" in lines[0]
+    body = [line.split()[0] for line in lines[4:]]
+    assert body == fx.ARMS  # ladder order
+    grpo, dapo_row = lines[4], lines[-1]
+    assert "32.0 ± 2.8" in grpo and "+0.0" in grpo and "completed" in grpo
+    assert "+8.0" in dapo_row and "+18.0" in dapo_row and "running" in dapo_row
+
+    md = run_in_process(capsys, "table", *sweep, "--format", "markdown")
+    rows = [r for r in md.splitlines() if r.startswith("| ")]
+    assert rows[0].startswith("| arm | adds | seed 0 | seed 1 | mean ± std |")
+    assert [r.split(" | ")[0][2:] for r in rows[1:]] == fx.ARMS
+    assert "| 44.0 | — |" in rows[4]  # soft_punish: seed 1 failed
+
+    out = run_in_process(capsys, "table", *sweep, "--format", "csv")
+    parsed = list(csv.DictReader(io.StringIO(out)))
+    engine = db_engine.get_engine(filled.url)
+    table = queries.ablation_table(engine, filled.sweep_id)
+    assert [r["arm"] for r in parsed] == fx.ARMS
+    for row, (_, expected) in zip(parsed, table.iterrows(), strict=True):
+        assert float(row["score_mean_pct"]) == pytest.approx(100 * expected["score_mean"])
+        assert row["status"] == expected["status"]
+    assert parsed[0]["delta_prev_pct"] == ""
+    assert float(parsed[-1]["delta_base_pct"]) == pytest.approx(18.0)
+
+
+def test_the_console_script_prints_the_table(filled: fx.FixtureStore) -> None:
+    done = dapo("table", "--sweep", str(filled.sweep_id), url=filled.url)
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()[4:]] == fx.ARMS
+
+
+def test_table_defaults_to_the_newest_sweep(
+    filled: fx.FixtureStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run_in_process(capsys, "table", "--format", "markdown", "--url", filled.url)
+    arms = [r.split(" | ")[0][2:] for r in out.splitlines()[2:] if r.startswith("| ")]
+    assert arms == fx.ARMS[:2]
+
+
+def test_a_missing_sweep_is_one_line(filled: fx.FixtureStore) -> None:
+    line = one_error_line(dapo("table", "--sweep", "424242", url=filled.url))
+    assert line.startswith("error: no sweep with id 424242 in ")
+
+
+def test_an_empty_store_and_a_missing_file_are_one_line(tmp_path: Path) -> None:
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert dapo("db", "upgrade", url=empty).returncode == 0
+    assert "has no sweeps yet" in one_error_line(dapo("table", url=empty))
+    missing = tmp_path / "typo.db"
+    line = one_error_line(dapo("table", "--url", f"sqlite:///{missing}"))
+    assert f"no store at {missing}" in line and not missing.exists()
+
+
+def test_an_unreachable_server_is_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://someone:hunter2@127.0.0.1:{port}/test"
+    for args in (("table",), ("db", "current"), ("db", "upgrade")):
+        line = one_error_line(dapo(*args, url=url))
+        assert line.startswith("error: cannot open the store postgresql+psycopg://someone:***@")
+        assert "hunter2" not in line and "Connection refused" in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql+psycopg://u@h:notaport/db", "http://example.com/x", "sqlite:////nope/dir/x.db"],
+)
+def test_malformed_urls_are_one_line(url: str) -> None:
+    line = one_error_line(dapo("table", url=url))
+    assert any(word in line for word in ("malformed", "unsupported", "no store at"))
+
+
+def test_a_newer_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'future.db'}"
+    assert dapo("db", "upgrade", url=url).returncode == 0
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0999_future'"))
+    engine.dispose()
+    line = one_error_line(dapo("table", url=url))
+    assert "'0999_future', newer than this dapo-lab" in line
+    assert "NEWER than this code" in dapo("db", "current", url=url).stdout
+    assert "newer" in one_error_line(dapo("db", "upgrade", url=url))
+
+
+def test_help_names_the_store() -> None:
+    done = dapo("--help")
+    assert "DAPO_DB_URL" in done.stdout and "table" in done.stdout and "db" in done.stdout
+    assert dapo("db").returncode == 2
