@@ -1,0 +1,113 @@
+"""`evaluate_run` (deployment `dapo-eval`): evaluate a stored run's latest checkpoint on an eval
+set in a Ray actor; the result joins the run's evaluations in the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from dapo_core.config import ExperimentConfig
+from db.store import Store
+from flows import plan, progress, ray_worker
+from flows.params import EvalParams, Resources, SweepParams, validate
+
+FLOW_NAME = "evaluate-run"
+DEPLOYMENT_NAME = "dapo-eval"
+
+
+def run_eval(p: EvalParams) -> dict[str, Any]:
+    store = Store(p.store_url)
+    run = store.get_run(p.run_id)
+    step = plan.checkpoint_step(run.get("checkpoint_dir"))
+    if step is None:
+        raise ValueError(
+            f"run {p.run_id} has no checkpoint to evaluate (checkpoint_dir {run.get('checkpoint_dir')})"
+        )
+    overrides: dict[str, Any] = {}
+    for value, key in (
+        (p.eval_data, "data.eval"),
+        (p.eval_k, "data.eval_k"),
+        (p.eval_problems, "data.eval_problems"),
+    ):
+        if value is not None:
+            overrides[key] = value
+    cfg = ExperimentConfig.from_dict(dict(run["config"])).with_overrides(overrides)
+    plan.check_local_paths(cfg.to_dict())
+    sweep_params = validate(
+        SweepParams, dict(store.get_sweep(int(run["sweep_id"])).get("params") or {})
+    )
+    resources = p.resources or sweep_params.resources
+    cluster = ray_worker.connect(p.ray_address or sweep_params.ray_address)
+    plan.check_fits(cluster, resources)
+    progress.say(
+        f"evaluating run {p.run_id} ({run['arm']} s{run['seed']}) at step {step} on {cfg.data.eval}"
+    )
+    result = ray_worker.run_evaluation(
+        run_id=p.run_id,
+        config=cfg.to_dict(),
+        checkpoint=str(run["checkpoint_dir"]),
+        store_url=store.url,
+        resources=resources,
+    )
+    progress.say(f"run {p.run_id} at step {result['step']}: {progress.eval_text(result)}")
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(
+            markdown=(
+                f"# Evaluation of run {p.run_id} ({run['arm']} seed {run['seed']}, step {result['step']})\n\n"
+                f"| data set | k | avg@k | pass@k | cons@k | problems |\n|---|---|---|---|---|---|\n"
+                f"| {result['dataset']} | {result['k']} | {result['avg_at_k']:.4f} | "
+                f"{result['pass_at_k']:.4f} | {result['cons_at_k']:.4f} | {result['n_problems']} |\n"
+            ),
+            key=f"evaluation-run-{p.run_id}",
+            description=f"Evaluation of run {p.run_id}",
+        )
+    except Exception as exc:  # the store holds the result; a missing artifact is not a failure
+        progress.say(
+            f"could not publish the evaluation artifact: {plan.first_line(exc)}", level="warning"
+        )
+    return result
+
+
+@flow(
+    name=FLOW_NAME,
+    flow_run_name="eval-run{run_id}",
+    validate_parameters=False,
+    persist_result=False,
+)
+def evaluate_run(
+    run_id: int,
+    eval_data: str | None = None,
+    eval_k: int | None = None,
+    eval_problems: int | None = None,
+    resources: Resources | None = None,
+    store_url: str | None = None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate a run's latest checkpoint (avg@k, pass@k, cons@k) and store the result.
+
+    Args:
+        run_id: The store's run id (see the dashboard's run page or `dapo table`).
+        eval_data: Evaluation set: a data set name or a path (default: the run's).
+        eval_k: Samples per problem (default: the run's).
+        eval_problems: Evaluate on the first N problems (0: all; default: the run's).
+        resources: CPUs / GPUs for the evaluation's Ray actor (default: the sweep's).
+        store_url: SQLAlchemy URL of the store (default: $DAPO_DB_URL, else the SQLite file).
+        ray_address: Ray cluster to join (default: the sweep's, else $RAY_ADDRESS, else local).
+    """
+    params = validate(
+        EvalParams,
+        {
+            "run_id": run_id,
+            "eval_data": eval_data,
+            "eval_k": eval_k,
+            "eval_problems": eval_problems,
+            "resources": resources.model_dump() if isinstance(resources, Resources) else resources,
+            "store_url": store_url,
+            "ray_address": ray_address,
+        },
+    )
+    return run_eval(params)

@@ -1,0 +1,79 @@
+"""A sweep's ablation table, out to Prefect (a table artifact and a markdown summary) and to the
+terminal. Numbers come from db.queries.ablation_table and cells from db.table_format, so the
+UI, the terminal and `dapo table` show the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from flows import plan
+
+
+def ablation(url: str, sweep_id: int) -> tuple[Any, dict[str, Any]]:
+    """(db.queries.ablation_table, sweep details) of one sweep."""
+    from db import queries
+    from db.engine import get_engine
+
+    engine = get_engine(url)
+    return queries.ablation_table(engine, sweep_id), queries.sweep_details(engine, sweep_id)
+
+
+def text(url: str, sweep_id: int) -> str:
+    from db.table_format import render
+
+    table, sweep = ablation(url, sweep_id)
+    return render(table, "text", sweep)
+
+
+def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[dict[str, str]]:
+    """Publish a new version of the sweep's table and summary artifacts; returns the table rows."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    from db.table_format import ablation_records
+
+    table, sweep = ablation(url, sweep_id)
+    rows = ablation_records(table) if not table.empty else []
+    create_table_artifact(
+        table=rows,
+        key=plan.artifact_key("ablation-table", sweep_id),
+        description=f"Ablation table of sweep {sweep_id} ({sweep.get('name')}): final eval score "
+        "(%) of the latest completed attempt of each arm × seed, in ladder order.",
+    )
+    create_markdown_artifact(
+        markdown=summary_markdown(table, sweep, note),
+        key=plan.artifact_key("ablation-summary", sweep_id),
+        description=f"Summary of sweep {sweep_id}",
+    )
+    return rows
+
+
+def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:
+    from db.table_format import render
+
+    arms, seeds = list(sweep.get("arms") or []), list(sweep.get("seeds") or [])
+    lines = [
+        f"# Sweep {sweep.get('id', sweep.get('sweep_id'))}: {sweep.get('name')}",
+        "",
+        f"Preset `{sweep.get('preset')}`; {len(arms)} arm(s) × {len(seeds)} seed(s) {seeds}; "
+        f"status **{sweep.get('status')}**.",
+    ]
+    if note:
+        lines += ["", f"**{note}**"]
+    scored = [
+        r
+        for r in table.to_dict("records")
+        if isinstance(r.get("score_mean"), int | float) and math.isfinite(r["score_mean"])
+    ]
+    if scored:
+        best = max(scored, key=lambda r: float(r["score_mean"]))
+        base = scored[0]
+        lines += [
+            "",
+            f"Best arm: **{best['arm']}** at {100 * best['score_mean']:.1f}% "
+            f"({100 * (best['score_mean'] - base['score_mean']):+.1f} pt over {base['arm']}).",
+        ]
+    lines += ["", render(table, "markdown", dict(sweep))]
+    return "\n".join(lines)

@@ -1,0 +1,334 @@
+"""`ablation_sweep`: validate, create the sweep, run one `ablation_arm` per arm × seed, publish.
+
+Everything is checked before the first write (parameters, every arm's config, local paths, the
+store, the Ray cluster and whether an arm fits on it), so a bad sweep leaves nothing behind.
+Arms run concurrently, as many at once as the Ray cluster's resources allow. Served by
+`dapo serve`, each arm is a flow run of the `dapo-arm` deployment (its own run in the UI,
+rerunnable alone); run from the terminal, each is a subflow in this process.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prefect import flow
+from prefect.context import FlowRunContext
+
+from dapo_core.arms import ARM_NAMES, build_arm_config, ladder_rows
+from db.store import Store
+from flows import arm as arm_flow
+from flows import plan, progress, ray_worker
+from flows.params import ArmName, PresetName, Resources, SweepParams, validate
+from flows.publish import publish_sweep
+
+FLOW_NAME = "ablation-sweep"
+DEPLOYMENT_NAME = "dapo-sweep"
+ARM_DEPLOYMENT = f"{arm_flow.FLOW_NAME}/{arm_flow.DEPLOYMENT_NAME}"
+CHILD_POLL_S = 2.0
+
+ALL_ARMS: list[str] = list(ARM_NAMES)
+FIRST_SEED: list[int] = [0]
+DEFAULT_RESOURCES = Resources()
+NO_OVERRIDES: dict[str, Any] = {}
+
+
+def prepare(
+    raw: dict[str, Any], sweep_id: int | None
+) -> tuple[SweepParams, Store, list[plan.ArmJob]]:
+    """Validate everything a sweep needs without writing anything (Ray is checked after)."""
+    params: SweepParams = validate(SweepParams, raw)
+    store = Store(params.store_url)
+    if sweep_id is not None:
+        # Running an existing sweep again: its own parameters, with this run's `force`.
+        stored = validate(SweepParams, dict(store.get_sweep(sweep_id).get("params") or {}))
+        params = stored.model_copy(update={"force": params.force})
+    return params, store, plan.sweep_jobs(params)
+
+
+def launch_mode() -> str:
+    """`deployment` when this sweep is itself a deployment run and the arm deployment exists
+    (a served setup); `subflow` otherwise (the terminal)."""
+    ctx = FlowRunContext.get()
+    if not (ctx and ctx.flow_run and ctx.flow_run.deployment_id):
+        return "subflow"
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(ARM_DEPLOYMENT)
+    except ObjectNotFound:
+        return "subflow"
+    return "deployment"
+
+
+def run_child(
+    mode: str, sweep_id: int, job: plan.ArmJob, params: SweepParams, store: Store
+) -> dict[str, Any]:
+    """One arm × seed to the end; {label, status, run_id?, error?}."""
+    child = {
+        "sweep_id": sweep_id,
+        "arm": job.arm,
+        "seed": job.seed,
+        "force": params.force,
+        "resources": params.resources.model_dump(),
+        "store_url": params.store_url,
+        "ray_address": params.ray_address,
+        "publish": False,
+    }
+    if mode == "deployment":
+        from prefect.deployments import run_deployment
+
+        created = run_deployment(
+            ARM_DEPLOYMENT,
+            parameters=child,
+            flow_run_name=f"{job.arm}-s{job.seed}-sweep{sweep_id}",
+            timeout=0,  # wait below, where a stopped sweep can cancel the child
+        )
+        flow_run = wait_for_child(created.id)
+        state = flow_run.state
+        if state is None or not state.is_completed():
+            message = plan.state_line(state.message if state else None) or (
+                state.name if state else "no state"
+            )
+            return {
+                "label": job.label,
+                "status": "failed",
+                "error": message,
+                "flow_run_id": str(flow_run.id),
+            }
+        latest = store.latest_attempt(sweep_id, job.arm, job.seed)
+        mine = latest is not None and latest.get("flow_run_id") == str(flow_run.id)
+        return {
+            "label": job.label,
+            "status": "completed" if mine else "skipped",
+            "run_id": latest.get("run_id") if latest else None,
+            "flow_run_id": str(flow_run.id),
+        }
+    state = arm_flow.ablation_arm(**child, return_state=True)
+    if state.is_completed():
+        return dict(state.result())
+    return {
+        "label": job.label,
+        "status": "failed",
+        "error": plan.state_line(state.message) or state.name,
+    }
+
+
+def wait_for_child(flow_run_id: Any) -> Any:
+    """Poll an arm's flow run until it is final. When this sweep stops (cancelled from the UI,
+    Ctrl-C), cancel the child at once rather than wait for it: a cancelled sweep's arms must
+    not go on training, and the sweep's process cannot exit while this thread waits."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if run.state is not None and run.state.is_final():
+                return run
+            if ray_worker.STOP.wait(CHILD_POLL_S):
+                client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+                raise ray_worker.Interrupted("stopped: the sweep was cancelled")
+
+
+def run_sweep(
+    params: SweepParams, store: Store, jobs: list[plan.ArmJob], sweep_id: int | None
+) -> dict[str, Any]:
+    cluster = ray_worker.connect(params.ray_address)
+    plan.check_fits(cluster, params.resources)
+    mode = launch_mode()
+    slots = plan.concurrency(cluster, params.resources, len(jobs))
+
+    # --- the first write: everything above has been checked ---
+    ctx = FlowRunContext.get()
+    flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else None
+    if sweep_id is None:
+        base = build_arm_config(
+            ARM_NAMES[0],
+            params.preset,
+            {k: v for k, v in params.config_overrides(params.seeds[0]).items() if k != "run.seed"},
+        )
+        sweep_id = store.create_sweep(
+            name=params.name
+            or f"{params.preset}: {len(params.arms)} arms × {len(params.seeds)} seed(s)",
+            preset=params.preset,
+            arms=params.arms,
+            seeds=params.seeds,
+            base_config=base.to_dict(),
+            ladder=ladder_rows(),
+            flow_run_id=flow_run_id,
+            params=params.model_dump(),
+        )
+    elif flow_run_id:
+        store.set_sweep_flow_run(sweep_id, flow_run_id)
+    store.set_sweep_status(sweep_id, "running")
+    progress.say(
+        f"sweep {sweep_id}: {len(jobs)} arm run(s) ({', '.join(params.arms)} × seeds {params.seeds}), "
+        f"{slots} at a time on Ray ({cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU), "
+        f"arms as {'deployment runs' if mode == 'deployment' else 'subflows'}; store {store.where}",
+        sweep_id=sweep_id,
+        slots=slots,
+    )
+
+    results: list[dict[str, Any]] = []
+    try:
+        results = _run_all(mode, sweep_id, jobs, params, store, slots)
+    except BaseException as exc:
+        if mode == "subflow":  # deployment runs are their own flow runs: they go on
+            _cancel_running(store, sweep_id, jobs)
+        status = "cancelled" if plan.is_stop(exc) else "failed"
+        store.set_sweep_status(sweep_id, status, error=plan.first_line(exc))
+        raise
+    status, error = plan.sweep_outcome(results)
+    store.set_sweep_status(sweep_id, status, error=error)
+    rows = publish_sweep(store.url, sweep_id, note=error)
+    progress.say(f"sweep {sweep_id} {status}" + (f": {error}" if error else ""))
+    if error:
+        raise RuntimeError(error)
+    return {"sweep_id": sweep_id, "status": status, "results": results, "table": rows}
+
+
+def _run_all(
+    mode: str, sweep_id: int, jobs: list[plan.ArmJob], params: SweepParams, store: Store, slots: int
+) -> list[dict[str, Any]]:
+    lock = threading.Lock()
+
+    def one(job: plan.ArmJob) -> dict[str, Any]:
+        try:
+            return run_child(mode, sweep_id, job, params, store)
+        except Exception as exc:  # a child that could not even start counts as failed
+            with lock:
+                progress.say(f"{job.label}  failed: {plan.first_line(exc)}", level="error")
+            return {"label": job.label, "status": "failed", "error": plan.first_line(exc)}
+
+    # Each thread runs in a copy of this flow run's context, so that its arm is linked to this
+    # sweep as a child flow run.
+    pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="arm")
+    try:
+        futures = [pool.submit(contextvars.copy_context().run, one, job) for job in jobs]
+        results = [f.result() for f in futures]
+    except BaseException:
+        # Stop the arms (their actors are killed) instead of waiting for them to finish.
+        ray_worker.STOP.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def _cancel_running(store: Store, sweep_id: int, jobs: list[plan.ArmJob]) -> None:
+    for job in jobs:
+        try:
+            latest = store.latest_attempt(sweep_id, job.arm, job.seed)
+            if latest and latest.get("status") == "running":
+                store.update_run(
+                    int(latest["run_id"]), status="cancelled", error="sweep interrupted"
+                )
+        except Exception:  # best effort while shutting down
+            continue
+
+
+def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
+    """A cancelled or crashed sweep cancels its arm flow runs (each then marks its own store
+    run) and marks its sweep row, instead of leaving them "running"."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.states import Cancelling
+
+    try:
+        with get_client(sync_client=True) as client:
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id])
+                )
+            )
+            for child in children:
+                if child.state is not None and not child.state.is_final():
+                    client.set_flow_run_state(child.id, Cancelling(), force=True)
+    except Exception:  # best effort: the server may be going away too
+        pass
+    try:
+        from db import queries
+
+        store = Store(dict(flow_run.parameters or {}).get("store_url"))
+        sweeps = queries.list_sweeps(store.engine)
+        mine = sweeps[
+            (sweeps["flow_run_id"] == str(flow_run.id))
+            & sweeps["status"].isin(["pending", "running"])
+        ]
+        for sweep_id in mine["sweep_id"]:
+            status = "cancelled" if state.is_cancelled() else "failed"
+            store.set_sweep_status(int(sweep_id), status, error=f"flow run {state.name}")
+    except Exception:
+        pass
+
+
+@flow(
+    name=FLOW_NAME,
+    validate_parameters=False,
+    persist_result=False,
+    on_cancellation=[_sweep_interrupted],
+    on_crashed=[_sweep_interrupted],
+)
+def ablation_sweep(
+    preset: PresetName = "tiny",
+    arms: list[ArmName] = ALL_ARMS,
+    seeds: list[int] = FIRST_SEED,
+    steps: int | None = None,
+    model: str | None = None,
+    train_data: str | None = None,
+    eval_data: str | None = None,
+    eval_k: int | None = None,
+    eval_problems: int | None = None,
+    resources: Resources = DEFAULT_RESOURCES,
+    overrides: dict[str, Any] = NO_OVERRIDES,
+    store_url: str | None = None,
+    ray_address: str | None = None,
+    force: bool = False,
+    name: str | None = None,
+    sweep_id: int | None = None,
+) -> dict[str, Any]:
+    """Run the DAPO ablation ladder: one training run per arm × seed, then the ablation table.
+
+    Args:
+        preset: Base config (`tiny` trains the embedded model on CPU in minutes).
+        arms: Ladder arms to run (default: all six, grpo → dapo).
+        seeds: Seeds; each arm runs once per seed.
+        steps: Rollout steps per arm (default: the preset's).
+        model: `tiny`, a local model directory or a hub name (default: the preset's).
+        train_data: Training data: a data set name or a .jsonl/.parquet path.
+        eval_data: Evaluation set: a data set name or a path.
+        eval_k: Samples per eval problem for avg@k / pass@k.
+        eval_problems: Evaluate on the first N problems (0: all).
+        resources: CPUs and GPUs each arm's Ray actor asks for.
+        overrides: Dotted config overrides for every arm, e.g. {"batch.train_batch_size": 8}.
+        store_url: SQLAlchemy URL of the store (default: $DAPO_DB_URL, else the SQLite file).
+        ray_address: Ray cluster to join (default: $RAY_ADDRESS, else a local instance).
+        force: Retrain arms that already completed with the same config.
+        name: A name for the sweep.
+        sweep_id: Run an existing sweep again with its stored parameters (completed arms are
+            skipped unless force).
+    """
+    raw = {
+        "preset": preset,
+        "arms": arms,
+        "seeds": seeds,
+        "steps": steps,
+        "model": model,
+        "train_data": train_data,
+        "eval_data": eval_data,
+        "eval_k": eval_k,
+        "eval_problems": eval_problems,
+        "resources": resources.model_dump() if isinstance(resources, Resources) else resources,
+        "overrides": overrides,
+        "store_url": store_url,
+        "ray_address": ray_address,
+        "force": force,
+        "name": name,
+    }
+    params, store, jobs = prepare(raw, sweep_id)
+    return run_sweep(params, store, jobs, sweep_id)
