@@ -1,0 +1,38 @@
+"""The DAPO Lab dashboard: `dapo dashboard`, or `streamlit run dashboard/app.py -- --url URL`.
+
+Pages live in dashboard/views/; this entry point only sets up navigation and turns the errors a
+user can act on (bad store URL, unreachable database) into one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+import streamlit as st
+
+VIEWS = Path(__file__).parent / "views"
+
+st.set_page_config(page_title="DAPO Lab", page_icon=":material/science:", layout="wide")
+
+pages = [
+    st.Page(
+        VIEWS / "ablation.py", title="Ablation table", icon=":material/table_chart:", default=True
+    ),
+    st.Page(VIEWS / "sweeps.py", title="Sweeps", icon=":material/list:", url_path="sweeps"),
+    st.Page(VIEWS / "curves.py", title="Curves", icon=":material/show_chart:", url_path="curves"),
+    st.Page(VIEWS / "rollouts.py", title="Rollouts", icon=":material/chat:", url_path="rollouts"),
+    st.Page(VIEWS / "run.py", title="Run", icon=":material/search:", url_path="run"),
+    st.Page(
+        VIEWS / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"
+    ),
+]
+page = st.navigation(pages)
+st.sidebar.markdown("**DAPO Lab** · ablations of arXiv 2503.14476")
+try:
+    page.run()
+except (ValueError, ConnectionError, sa.exc.SQLAlchemyError) as error:
+    # Expected failures (a sweep deleted under our feet, a database gone away) read as one
+    # line; anything else is a bug and keeps Streamlit's traceback.
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    st.error(f"{message}")

@@ -1,0 +1,36 @@
+"""Where the dashboard reads from: the store URL (CLI argument or environment) and its engine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+import sqlalchemy as sa
+
+from db import engine as db_engine
+
+
+def store_url(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """`streamlit run app.py -- --url URL` beats $DAPO_DB_URL, which beats db's default file."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--url", default=None)
+    known, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if known.url:
+        return str(known.url)
+    env = os.environ if environ is None else environ
+    return db_engine.resolve_url(env.get("DAPO_DB_URL") or None)
+
+
+def open_engine(url: str) -> sa.Engine:
+    """The store's engine (db.engine caches one per URL and migrates a fresh database)."""
+    return db_engine.get_engine(url)
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked, fit to print on a page."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy can parse: db.engine will say why on open
+        return url

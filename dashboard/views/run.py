@@ -1,0 +1,97 @@
+"""Run page: one attempt of one (arm, seed) — what it changed, how it went, how to rerun it."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import configs, shaping, widgets
+from db import queries
+
+st.title("Run")
+engine = widgets.store()
+run_id = widgets.pick_run(engine, key="run-page-run", param="run")
+if run_id is None:
+    st.stop()
+run = queries.run_details(engine, run_id)
+
+st.subheader(f"{run['arm']} · seed {run['seed']} · attempt {run['attempt']}")
+cols = st.columns(5)
+cols[0].metric("status", shaping.status_badge(run["status"]))
+cols[1].metric("steps", "—" if run["steps"] is None else f"{int(run['steps']):,}")
+cols[2].metric(
+    "grad updates", "—" if run["grad_updates"] is None else f"{int(run['grad_updates']):,}"
+)
+cols[3].metric("tokens", "—" if run["tokens"] is None else f"{int(run['tokens']):,}")
+cols[4].metric("wall time", shaping.format_duration(run["wall_s"]))
+
+if run["status"] == "failed":
+    error = str(run.get("error") or "no error message recorded")
+    st.error(f"This run failed: {error.strip().splitlines()[-1] if error.strip() else error}")
+    with st.expander("Full error"):
+        st.code(error, language=None)
+
+st.markdown(
+    f"Sweep `{run['sweep_id']}` · host `{run.get('host') or '—'}` · config hash "
+    f"`{run['config_hash']}` · started {shaping.format_time(run.get('started_at'))} · "
+    f"finished {shaping.format_time(run.get('finished_at'))}"
+)
+st.markdown(f"Checkpoint dir: `{run.get('checkpoint_dir') or 'none recorded'}`")
+widgets.show_flow_run_link(run.get("flow_run_id"))
+
+st.subheader("What this arm changes")
+previous = queries.previous_arm_run(engine, run_id)
+if previous is None:
+    st.info(
+        "No completed run of the previous arm with this seed in this sweep "
+        "(this is the first arm, or its predecessor has not finished)."
+    )
+else:
+    before = queries.run_details(engine, previous)
+    left, right = f"{before['arm']} (run {previous})", f"{run['arm']} (run {run_id})"
+    diff = configs.config_diff(before["config"], run["config"], left, right)
+    if diff.empty:
+        st.info(f"Same config as {left}.")
+    else:
+        st.dataframe(diff, hide_index=True, width="stretch")
+with st.expander("Full config"):
+    st.json(run["config"], expanded=False)
+
+st.subheader("Evaluations")
+evals = queries.evaluations(engine, run_id)
+if evals.empty:
+    st.info("No evaluations for this run yet (runs are evaluated when training finishes).")
+else:
+    shown = evals.copy()
+    for column in ("avg_at_k", "pass_at_k", "cons_at_k"):
+        shown[column] = shown[column] * 100.0
+    st.dataframe(
+        shown,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            c: st.column_config.NumberColumn(c.replace("_at_", "@") + " (%)", format="%.1f")
+            for c in ("avg_at_k", "pass_at_k", "cons_at_k")
+        },
+    )
+
+if run["sweep_id"] is not None:
+    st.subheader("Attempts of this arm")
+    attempts = queries.arm_attempts(engine, int(run["sweep_id"]), str(run["arm"]))
+    if not attempts.empty and "status" in attempts:
+        attempts = attempts.assign(status=attempts["status"].map(shaping.status_badge))
+    wanted = ["run_id", "seed", "attempt", "status", "started_at", "finished_at", "wall_s"]
+    wanted += ["steps", "error", "config_hash"]
+    st.dataframe(
+        attempts[[c for c in wanted if c in attempts.columns]],
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "started_at": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm:ss"),
+            "finished_at": st.column_config.DatetimeColumn(
+                "finished", format="YYYY-MM-DD HH:mm:ss"
+            ),
+            "wall_s": st.column_config.NumberColumn("wall (s)", format="%.0f"),
+        },
+    )
+    st.subheader("Rerun")
+    widgets.rerun_box(int(run["sweep_id"]), str(run["arm"]), int(run["seed"]), key="run-rerun")

@@ -1,0 +1,59 @@
+"""Sweeps: every ladder in the store, with its progress; refreshes itself while one runs."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import shaping, widgets
+from db import queries
+
+st.title("Sweeps")
+engine = widgets.store()
+first = queries.list_sweeps(engine)
+if first.empty:
+    st.info(widgets.NO_SWEEPS)
+    st.stop()
+
+live = widgets.live_refresh(running=bool((first["status"] == "running").any()))
+
+
+@st.fragment(run_every=widgets.REFRESH_S if live else None)
+def sweeps_body() -> None:
+    sweeps = queries.list_sweeps(engine).sort_values("sweep_id", ascending=False)
+    frame = sweeps.assign(
+        open="./?sweep=" + sweeps["sweep_id"].astype(str),
+        status=sweeps["status"].map(shaping.status_badge),
+        progress=sweeps["runs_done"] / sweeps["arms_total"].where(sweeps["arms_total"] > 0),
+        runs=sweeps["runs_done"].astype(str) + " / " + sweeps["arms_total"].astype(str),
+    )
+    st.dataframe(
+        frame[
+            [
+                "open",
+                "sweep_id",
+                "name",
+                "preset",
+                "status",
+                "created_at",
+                "runs",
+                "progress",
+                "best_arm",
+            ]
+        ],
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "open": st.column_config.LinkColumn("table", display_text="open"),
+            "sweep_id": st.column_config.NumberColumn("sweep", format="%d"),
+            "created_at": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+            "runs": "runs done / total",
+            "progress": st.column_config.ProgressColumn(
+                "progress", min_value=0.0, max_value=1.0, format="percent"
+            ),
+            "best_arm": "best arm",
+        },
+    )
+    st.caption(f"{len(sweeps)} sweep(s); the best arm is the one with the highest mean score.")
+
+
+sweeps_body()

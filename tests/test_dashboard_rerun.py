@@ -1,0 +1,200 @@
+"""The "rerun this arm" path to Prefect, and the `dapo dashboard` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dashboard import cli, rerun
+
+API = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
+
+
+class FakeClient:
+    """Stands in for prefect's async client: records calls, returns a scheduled flow run."""
+
+    def __init__(self, calls: list[tuple[str, Any]], *, hang: bool = False) -> None:
+        self.calls, self.hang = calls, hang
+        self.run_id = uuid.UUID(int=7)
+
+    async def __aenter__(self) -> FakeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def read_deployment_by_name(self, name: str) -> Any:
+        if self.hang:
+            await asyncio.sleep(60)
+        self.calls.append(("read_deployment_by_name", name))
+        return SimpleNamespace(id=uuid.UUID(int=1))
+
+    async def create_flow_run_from_deployment(self, deployment_id: Any, **kw: Any) -> Any:
+        self.calls.append(("create", (deployment_id, kw)))
+        return SimpleNamespace(
+            id=self.run_id,
+            name="brave-otter",
+            state=SimpleNamespace(name="Scheduled", type="SCHEDULED"),
+        )
+
+    async def read_flow_run(self, flow_run_id: uuid.UUID) -> Any:
+        self.calls.append(("read_flow_run", flow_run_id))
+        return SimpleNamespace(
+            id=flow_run_id, state=SimpleNamespace(name="Running", type="RUNNING")
+        )
+
+
+def test_rerun_creates_a_forced_flow_run_of_the_arm_deployment() -> None:
+    calls: list[tuple[str, Any]] = []
+    result = rerun.request_rerun(
+        3, "clip_higher", 1, client_factory=lambda _url: FakeClient(calls), environ=API
+    )
+    assert result.ok, result.message
+    assert calls[0] == ("read_deployment_by_name", "ablation-arm/dapo-arm")
+    deployment_id, kwargs = calls[1][1]
+    assert deployment_id == uuid.UUID(int=1)
+    assert kwargs == {"parameters": {"sweep_id": 3, "arm": "clip_higher", "seed": 1, "force": True}}
+    assert result.state == "Scheduled"
+    assert result.flow_run_id == str(uuid.UUID(int=7))
+    assert result.url == f"http://127.0.0.1:4200/runs/flow-run/{uuid.UUID(int=7)}"
+    state = rerun.flow_run_state(
+        result.flow_run_id, client_factory=lambda _url: FakeClient(calls), environ=API
+    )
+    assert (state.ok, state.state) == (True, "Running")
+
+
+def test_no_prefect_server_configured_is_a_message_not_an_error() -> None:
+    result = rerun.request_rerun(1, "grpo", 0, environ={})
+    assert not result.ok
+    assert "PREFECT_API_URL" in result.message
+    assert rerun.flow_run_state("x", environ={}).message == rerun.NO_SERVER
+
+
+def test_connection_refused_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port that nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    result = rerun.request_rerun(1, "grpo", 0, environ=env, timeout_s=20)
+    assert not result.ok
+    assert result.message.startswith(f"Cannot reach the Prefect server at {env['PREFECT_API_URL']}")
+    assert "\n" not in result.message
+
+
+def test_a_server_that_does_not_answer_times_out() -> None:
+    result = rerun.request_rerun(
+        1,
+        "grpo",
+        0,
+        client_factory=lambda _url: FakeClient([], hang=True),
+        environ=API,
+        timeout_s=0.05,
+    )
+    assert not result.ok
+    assert (
+        result.message
+        == f"The Prefect server at {API['PREFECT_API_URL']} did not answer within 0.05 s."
+    )
+
+
+def test_unknown_deployment_says_to_serve_it() -> None:
+    from prefect.exceptions import ObjectNotFound
+
+    class Missing(FakeClient):
+        async def read_deployment_by_name(self, name: str) -> Any:
+            raise ObjectNotFound(http_exc=Exception("404"))
+
+    result = rerun.request_rerun(1, "grpo", 0, client_factory=lambda _url: Missing([]), environ=API)
+    assert not result.ok
+    assert "'ablation-arm/dapo-arm'" in result.message and "dapo serve" in result.message
+
+
+def test_prefect_ui_links() -> None:
+    assert rerun.prefect_ui_url({"PREFECT_API_URL": "http://h:4200/api/"}) == "http://h:4200"
+    env = {"PREFECT_API_URL": "http://h:4200/api", "PREFECT_UI_URL": "https://ui.example/"}
+    assert rerun.flow_run_url("abc", env) == "https://ui.example/runs/flow-run/abc"
+    assert rerun.flow_run_url(None, env) is None
+    assert rerun.flow_run_url("abc", {}) is None
+    assert (rerun.FLOW_NAME, rerun.DEPLOYMENT_NAME) == ("ablation-arm", "dapo-arm")
+
+
+# --- `dapo dashboard` ---------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dapo")
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_cli_runs_streamlit_headless_with_the_store_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    args = _parser().parse_args(["dashboard", "--url", url, "--port", "8599"])
+    seen: dict[str, Any] = {}
+
+    def fake_call(cmd: list[str], env: dict[str, str]) -> int:
+        seen.update(cmd=cmd, env=env)
+        return 0
+
+    monkeypatch.setattr(cli.subprocess, "call", fake_call)
+    assert args.func(args) == 0
+    cmd = seen["cmd"]
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert cmd[4] == str(Path(cli.__file__).with_name("app.py"))
+    assert cmd[cmd.index("--server.headless") + 1] == "true"
+    assert cmd[cmd.index("--server.port") + 1] == "8599"
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+    assert cmd[-3:] == ["--", "--url", url]
+    assert seen["env"]["DAPO_DB_URL"] == url
+    assert "http://127.0.0.1:8599" in capsys.readouterr().out
+    assert (tmp_path / "store.db").exists()  # the store was opened (and migrated) first
+
+
+def test_cli_rejects_a_bad_port() -> None:
+    args = _parser().parse_args(["dashboard", "--port", "70000"])
+    with pytest.raises(ValueError, match="--port"):
+        args.func(args)
+
+
+# --- layering ------------------------------------------------------------------------------
+
+FORBIDDEN = {"torch", "transformers", "ray", "vllm"}
+
+
+def test_dashboard_imports_no_training_stack() -> None:
+    """Pages and modules import neither torch/transformers/ray nor dapo_core beyond its metric
+    names (checked on the source), and importing them pulls none of those in."""
+    import ast
+
+    root = Path(cli.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
+                if name.startswith("dapo_core") and name != "dapo_core":
+                    assert name == "dapo_core.metric_names", f"{path.name} imports {name}"
+    code = (
+        "import sys, dashboard.cli, dashboard.configs, dashboard.curves, dashboard.rerun, "
+        "dashboard.rollouts, dashboard.shaping, dashboard.widgets; "
+        f"print(sorted(m for m in {sorted(FORBIDDEN)!r} if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]"
