@@ -42,8 +42,10 @@ class ModelConfig:
     """Tiny model only: attention heads."""
     intermediate_size: int = 192
     """Tiny model only: MLP width."""
-    warm_start_steps: int = 300
-    """Tiny model only: supervised warm-start steps (cached on disk) so RL starts with mixed rewards."""
+    warm_start_steps: int = 600
+    """Tiny model only: supervised warm-start steps (cached on disk) so RL starts with mixed rewards.
+    The default model learns the carry between 400 and 500 steps (warm-start loss about 0.45 before,
+    0.12 after; held-out accuracy about 7% before, 35-40% after), so 600 leaves a margin."""
     gradient_checkpointing: bool = False
     """Trade compute for memory on large models."""
 

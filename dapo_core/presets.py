@@ -30,9 +30,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.train": "synthetic",
         "data.eval": "synthetic-eval",
         "data.eval_k": 4,
-        "data.eval_problems": 64,
+        "data.eval_problems": 256,
+        "data.eval_every": 10,
         "data.prompt_template": "raw",
-        "run.steps": 12,
+        "run.steps": 60,
         "run.device": "cpu",
     },
     "qwen2.5-7b": {
