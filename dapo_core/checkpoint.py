@@ -50,7 +50,7 @@ def save_checkpoint(
     final = root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", dir=root))
     try:
-        model.save_pretrained(tmp / MODEL_DIR)
+        _save_quietly(model, tmp / MODEL_DIR)
         tokenizer.save_pretrained(tmp / MODEL_DIR)
         torch.save(trainer_state, tmp / STATE_FILE)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -62,6 +62,20 @@ def save_checkpoint(
         raise
     _write_atomic(root / LATEST, final.name)
     return final
+
+
+def _save_quietly(model: PreTrainedModel, path: Path) -> None:
+    # transformers draws a "Writing model shards" bar per save; every few steps it would cut
+    # into the per-step progress lines (and into `--quiet` output).
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _write_atomic(path: Path, text: str) -> None:

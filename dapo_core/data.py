@@ -206,14 +206,16 @@ def _problem(row: dict[str, Any], n: int, label: str, source: str) -> Problem:
             raise ValueError(f"{where}: missing 'reward_model.ground_truth'")
         answer = _answer(reward_model["ground_truth"], where, "reward_model.ground_truth")
     else:
+        raw: Any
         if "problem" in row:
-            text, key = row["problem"], "problem"
+            raw, key = row["problem"], "problem"
         elif "prompt" in row:
-            text, key = prompt, "prompt"
+            raw, key = prompt, "prompt"
         else:
             raise ValueError(f"{where}: missing 'problem' (or 'prompt')")
-        if not isinstance(text, str):
-            raise ValueError(f"{where}: {key!r} must be text, not {type(text).__name__}")
+        if not isinstance(raw, str):
+            raise ValueError(f"{where}: {key!r} must be text, not {type(raw).__name__}")
+        text = raw
         if "answer" not in row:
             raise ValueError(f"{where}: missing 'answer'")
         answer = _answer(row["answer"], where, "answer")

@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # (module, what it provides) in the order `dapo --help` lists them.
 _REGISTRARS: tuple[str, ...] = ("dapo_core.cli", "flows.commands", "db.cli", "dashboard.cli")
@@ -33,8 +34,16 @@ The experiment store is $DAPO_DB_URL when set (e.g. postgresql+psycopg://user@ho
 else a SQLite file in the user's data directory (see `dapo db current`)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (the usage block buries the reason); the
+    subcommands' parsers inherit it through add_subparsers."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="dapo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
