@@ -60,7 +60,13 @@ def register(subparsers: Any) -> None:
         metavar="ARM",
         help=f"ladder arms (default: all): {', '.join(ARM_NAMES)}; commas work too",
     )
-    p.add_argument("--seeds", nargs="+", type=_seed, metavar="SEED", help="seeds (default: 0)")
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=_seeds,
+        metavar="SEED",
+        help="seeds (default: 0); commas work too",
+    )
     p.add_argument(
         "--steps", type=_positive_int, help="rollout steps per arm (default: the preset's)"
     )
@@ -173,7 +179,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     raw: dict[str, Any] = {
         "preset": args.preset,
         "arms": arms,
-        "seeds": args.seeds if args.seeds is not None else [0],
+        "seeds": [s for group in args.seeds for s in group] if args.seeds is not None else [0],
         "steps": args.steps,
         "model": _absolute(args.model),
         "train_data": _absolute(args.data),
@@ -408,6 +414,11 @@ def _seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
     return value
+
+
+def _seeds(text: str) -> list[int]:
+    """`0`, or `0,1,2` (like --arms)."""
+    return [_seed(part) for part in _split([text])] or [_seed(text)]
 
 
 def _float(text: str) -> float:
