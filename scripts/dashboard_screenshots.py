@@ -1,0 +1,114 @@
+"""Screenshots of the dashboard on a real store, for the README (docs/*.png).
+
+    .venv/bin/python scripts/dashboard_screenshots.py [--url STORE_URL] [--sweep ID] [--out docs]
+
+Serves the app with `streamlit run` on the store (default: the one `make demo` fills), opens
+the ablation table and the curves page in headless Chromium and writes dashboard.png and
+curves.png. Run it after `make demo` so that the README shows what the demo really produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dashboard import cli  # noqa: E402
+from db.engine import resolve_url  # noqa: E402
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--virtual-time-budget=60000",
+    "--window-size=1600,1200",
+]
+
+
+def chromium(browser: str, *args: str) -> str:
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [browser, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    return done.stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--url", default=None, help="store URL (default: $DAPO_DB_URL or the user store)"
+    )
+    parser.add_argument("--sweep", type=int, default=None, help="sweep id (default: the newest)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    args = parser.parse_args()
+    browser = next((b for b in ("chromium", "chromium-browser") if shutil.which(b)), None)
+    if browser is None:
+        print(
+            "error: headless Chromium is not installed (apt-get install -y chromium)",
+            file=sys.stderr,
+        )
+        return 2
+    url = resolve_url(args.url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    query = f"?live=0{f'&sweep={args.sweep}' if args.sweep else ''}"
+    with tempfile.TemporaryDirectory() as work:
+        env = dict(os.environ, DAPO_DB_URL=url)
+        server = subprocess.Popen(
+            cli.streamlit_command(url, port=port, host="127.0.0.1"),
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/_stcore/health", timeout=2)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        print("error: the dashboard did not start within 60 s", file=sys.stderr)
+                        return 1
+                    time.sleep(0.5)
+            args.out.mkdir(parents=True, exist_ok=True)
+            pages = (("dashboard.png", "", "Ablation ladder"), ("curves.png", "curves", "acc/mean"))
+            for name, path, marker in pages:
+                shot, page = args.out / name, f"{base}/{path}{query}"
+                # The first loads after start can show placeholders while the app imports:
+                # load until the page's content is in the DOM, then take the picture.
+                for _ in range(6):
+                    if marker in chromium(browser, "--dump-dom", page):
+                        break
+                chromium(browser, f"--screenshot={shot}", page)
+                print(f"wrote {shot}")
+        finally:
+            server.terminate()
+            server.wait(timeout=15)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
