@@ -93,7 +93,10 @@ def band_chart(
     """One metric: a line per arm (mean over seeds) over a shaded min/max band of the seeds."""
     data = band[band["name"] == metric]
     scale = alt.Scale(domain=list(arms), scheme="category10")
-    colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm")
+    # One legend for both layers; its symbols drawn as solid strokes (the band's opacity would
+    # otherwise fade them).
+    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3)
+    colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm", legend=legend)
     x = alt.X("x:Q", title=x_title)
     area = (
         alt.Chart(data)
@@ -102,8 +105,9 @@ def band_chart(
             x=x,
             y=alt.Y("low:Q", title=metric),
             y2="high:Q",
-            # the line layer carries the legend, so its symbols are solid
-            color=alt.Color("arm:N", scale=scale, sort=list(arms), legend=None),
+            # The same encoding as the line's: a layer with legend=None removes the merged legend
+            # of the whole chart, not only its own symbols.
+            color=colour,
         )
     )
     line = (

@@ -173,6 +173,11 @@ def test_band_chart_builds_and_final_values() -> None:
     band = curves.curve_band(_long(), ["acc/mean"], None, 0.0)
     spec = curves.band_chart(band, "acc/mean", ["a"], "rollout step").to_dict()
     assert spec["title"] == "acc/mean"
+    # Which arm is which colour must be readable: no layer may switch the shared legend off
+    # (Vega-Lite drops the merged legend of a layered chart if one layer says legend=None).
+    colours = [layer["encoding"]["color"] for layer in spec["layer"]]
+    assert all(c.get("legend", {}) is not None for c in colours)
+    assert colours[0] == colours[1]
     finals = curves.final_values(_long(), [1, 2], ["A", "B"])
     acc = finals[finals["metric"] == "acc/mean"].iloc[0]
     assert (acc["A"], acc["B"]) == (1.0, 0.0)  # value at step 2 of each run
