@@ -11,45 +11,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dashboard import cli  # noqa: E402
+from dashboard.browser import chromium, find_browser, free_port, wait_until_healthy  # noqa: E402
 from db.engine import resolve_url  # noqa: E402
-
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--virtual-time-budget=60000",
-    "--window-size=1600,1200",
-]
-
-
-def chromium(browser: str, *args: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run(
-            [browser, *FLAGS, f"--user-data-dir={profile}", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-    return done.stdout
 
 
 def main() -> int:
@@ -60,7 +32,7 @@ def main() -> int:
     parser.add_argument("--sweep", type=int, default=None, help="sweep id (default: the newest)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args()
-    browser = next((b for b in ("chromium", "chromium-browser") if shutil.which(b)), None)
+    browser = find_browser()
     if browser is None:
         print(
             "error: headless Chromium is not installed (apt-get install -y chromium)",
@@ -68,9 +40,7 @@ def main() -> int:
         )
         return 2
     url = resolve_url(args.url)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     query = f"?live=0{f'&sweep={args.sweep}' if args.sweep else ''}"
     with tempfile.TemporaryDirectory() as work:
@@ -83,16 +53,11 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}/_stcore/health", timeout=2)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        print("error: the dashboard did not start within 60 s", file=sys.stderr)
-                        return 1
-                    time.sleep(0.5)
+            try:
+                wait_until_healthy(port, server, deadline_s=60)
+            except RuntimeError as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 1
             args.out.mkdir(parents=True, exist_ok=True)
             pages = (("dashboard.png", "", "Ablation ladder"), ("curves.png", "curves", "acc/mean"))
             for name, path, marker in pages:

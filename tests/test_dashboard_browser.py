@@ -11,84 +11,34 @@ import html
 import os
 import re
 import shutil
-import socket
 import subprocess
-import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import dashboard_fixtures as fx
 import pytest
 
-from dashboard import cli
+from dashboard import browser, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--virtual-time-budget=60000",
-    "--window-size=1600,1200",
-]
-
 pytestmark = pytest.mark.browser
 
 
 def find_chromium() -> str:
     """The browser's path; fails under CI and skips elsewhere when none is installed."""
-    for name in BROWSERS:
-        path = shutil.which(name)
-        if path:
-            return path
+    path = browser.find_browser()
+    if path:
+        return path
     message = "headless Chromium is not installed (apt-get install -y chromium)"
     if os.environ.get("CI"):
         pytest.fail(f"{message}; it is required when CI is set")
     pytest.skip(message)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until_healthy(port: int, server: subprocess.Popen[bytes], deadline_s: float) -> None:
-    """Poll Streamlit's health endpoint until it answers (or the server dies)."""
-    url = f"http://127.0.0.1:{port}/_stcore/health"
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if server.poll() is not None:
-            raise AssertionError(f"streamlit exited with code {server.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)  # polling interval while the server starts, not a timing assumption
-    raise AssertionError(f"streamlit did not answer on port {port} within {deadline_s} s")
-
-
-def chromium(browser: str, *args: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+chromium = browser.chromium
+free_port = browser.free_port
+wait_until_healthy = browser.wait_until_healthy
 
 
 def visible_text(dom: str) -> str:
@@ -120,14 +70,14 @@ def served_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 
 def test_ablation_view_renders_every_arm(served_dashboard: tuple[str, int], tmp_path: Path) -> None:
-    browser = find_chromium()
+    exe = find_chromium()
     base, sweep_id = served_dashboard
     page = f"{base}/?sweep={sweep_id}&live=0"  # no refresh mid-screenshot
     # The first loads after start can show only grey placeholders (the server is still
     # importing the app): reload until the table is there, a bounded number of times.
     text = ""
     for _ in range(6):
-        text = visible_text(chromium(browser, "--dump-dom", page))
+        text = visible_text(chromium(exe, "--dump-dom", page))
         if all(arm in text for arm in fx.ARMS):
             break
     assert "Ablation ladder" in text
@@ -137,7 +87,7 @@ def test_ablation_view_renders_every_arm(served_dashboard: tuple[str, int], tmp_
     assert "+18.0" in text  # dapo's Δ to the baseline: 50.0 - 32.0
 
     shot = tmp_path / "dashboard.png"
-    chromium(browser, f"--screenshot={shot}", page)
+    chromium(exe, f"--screenshot={shot}", page)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000  # a rendered table and chart, not a blank page
