@@ -38,8 +38,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
-    p.add_argument("--steps", type=_positive_int, help="rollout steps (run.steps)")
-    p.add_argument("--seed", type=_non_negative_int, help="random seed (run.seed)")
+    p.add_argument("--steps", type=positive_int, help="rollout steps (run.steps)")
+    p.add_argument("--seed", type=non_negative_int, help="random seed (run.seed)")
     p.add_argument(
         "--model", help="`tiny`, a local model directory or a hub name (model.name_or_path)"
     )
@@ -69,9 +69,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ckpt", required=True, type=Path, help="checkpoint or run directory")
     p.add_argument("--eval", help="evaluation data (default: the run's data.eval)")
     p.add_argument(
-        "--k", type=_positive_int, help="samples per problem (default: the run's data.eval_k)"
+        "--k", type=positive_int, help="samples per problem (default: the run's data.eval_k)"
     )
-    p.add_argument("--problems", type=_non_negative_int, help="first N problems (0: all)")
+    p.add_argument("--problems", type=non_negative_int, help="first N problems (0: all)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: the run's)")
     p.set_defaults(func=cmd_eval)
 
@@ -212,21 +212,24 @@ def _check_model_path(name: str) -> None:
         raise FileNotFoundError(f"model path {name} does not exist")
 
 
-def _positive_int(text: str) -> int:
-    value = _int(text)
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1, else one clear error line."""
+    value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
 
 
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
     return value
 
 
-def _int(text: str) -> int:
+def integer(text: str) -> int:
+    """argparse type: an integer (the message names the text, not a Python exception)."""
     try:
         return int(text)
     except ValueError:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.arms import ARM_NAMES
+from dapo_core.cli import non_negative_int, positive_int
 from dapo_core.presets import PRESETS
 
 ENV_HELP = """\
@@ -68,13 +69,15 @@ def register(subparsers: Any) -> None:
         help="seeds (default: 0); commas work too",
     )
     p.add_argument(
-        "--steps", type=_positive_int, help="rollout steps per arm (default: the preset's)"
+        "--steps", type=positive_int, help="rollout steps per arm (default: the preset's)"
     )
     p.add_argument("--model", help="`tiny`, a local model directory or a hub name")
     p.add_argument("--data", help="training data: a data set name or a .jsonl/.parquet path")
     p.add_argument("--eval", help="evaluation set: a data set name or a path")
-    p.add_argument("--eval-k", type=_positive_int, help="samples per eval problem (avg@k, pass@k)")
-    p.add_argument("--eval-problems", type=_seed, help="evaluate on the first N problems (0: all)")
+    p.add_argument("--eval-k", type=positive_int, help="samples per eval problem (avg@k, pass@k)")
+    p.add_argument(
+        "--eval-problems", type=non_negative_int, help="evaluate on the first N problems (0: all)"
+    )
     _resource_args(p, default_cpus=1.0, default_gpus=0.0)
     p.add_argument(
         "--set",
@@ -90,7 +93,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="a name for the sweep")
     p.add_argument(
         "--sweep",
-        type=_positive_int,
+        type=positive_int,
         metavar="ID",
         help="run an existing sweep again with its stored parameters (other config flags are ignored)",
     )
@@ -107,10 +110,10 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--sweep", type=_positive_int, metavar="ID", help="sweep id (default: the latest sweep)"
+        "--sweep", type=positive_int, metavar="ID", help="sweep id (default: the latest sweep)"
     )
     p.add_argument("--arm", required=True, help=f"ladder arm: {', '.join(ARM_NAMES)}")
-    p.add_argument("--seed", type=_seed, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed (default 0)")
     p.add_argument(
         "--force", action="store_true", help="retrain even if completed with the same config"
     )
@@ -132,13 +135,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--host", default="127.0.0.1", help="where a started server listens (default 127.0.0.1)"
     )
-    p.add_argument("--port", type=_positive_int, default=4200, help="its port (default 4200)")
+    p.add_argument("--port", type=positive_int, default=4200, help="its port (default 4200)")
     p.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a local one)"
     )
     p.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         help="most flow runs at once (default: no limit; sweeps pace their arms)",
     )
     p.set_defaults(func=cmd_serve)
@@ -395,30 +398,9 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return value
-
-
 def _seeds(text: str) -> list[int]:
     """`0`, or `0,1,2` (like --arms)."""
-    return [_seed(part) for part in _split([text])] or [_seed(text)]
+    return [non_negative_int(part) for part in _split([text])] or [non_negative_int(text)]
 
 
 def _float(text: str) -> float:
