@@ -1,6 +1,6 @@
-"""`dapo arms`, `dapo train`, `dapo eval`: the trainer's subcommands.
+"""`dapo arms`, `dapo train`, `dapo eval`, `dapo plan`: the trainer's subcommands.
 
-flows/cli.py's dispatcher calls `register(subparsers)`; each command raises ValueError /
+dapo_lab/cli.py's dispatcher calls `register(subparsers)`; each command raises ValueError /
 FileNotFoundError for bad input and the dispatcher prints it as one line (exit 2).
 Heavy imports (torch, transformers) happen inside the commands, so `dapo --help` stays fast.
 """
@@ -14,16 +14,41 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_core.arms import ARM_NAMES, build_arm_config, format_ladder
-from dapo_core.config import ExperimentConfig, flatten
-from dapo_core.presets import PRESETS
+from dapo_core.setup.arms import ARM_NAMES, build_arm_config
+from dapo_core.setup.config import ExperimentConfig, flatten
+from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, resolve_ladder
+from dapo_core.setup.presets import PRESETS
 
 
 def register(subparsers: Any) -> None:
     """Add `arms`, `train` and `eval` to the `dapo` dispatcher."""
     p = subparsers.add_parser(
-        "arms", help="print the ablation ladder (arm, what it adds, paper score)"
+        "arms",
+        help="print and check an ablation ladder (arm, what it adds, paper score)",
+        description="Print an ablation ladder after validating every arm's config on the preset: "
+        "the paper's (default), a built-in one, or a TOML file of your own; with --grid, the "
+        "arms a grid sweep would run. A bad file ends with one line naming the file and the arm.",
     )
+    p.add_argument(
+        "--ladder",
+        metavar="NAME_OR_FILE",
+        help=f"a built-in ladder ({', '.join(BUILTIN_LADDERS)}; default paper) or a .toml file",
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=V1,V2,...",
+        help="sweep a field from the base arm, e.g. --grid algo.clip_high=0.24,0.28,0.32 "
+        "(repeatable: the cartesian product)",
+    )
+    p.add_argument("--arm", help="the grid's base arm (default: the ladder's last arm)")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        help=f"validate the configs on this preset: {', '.join(PRESETS)} (default tiny)",
+    )
+    p.add_argument("--toml", action="store_true", help="print the ladder as a ladder file")
     p.set_defaults(func=cmd_arms)
 
     p = subparsers.add_parser(
@@ -58,6 +83,14 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-resume", action="store_true", help="start over even if a checkpoint exists"
     )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes training this arm on this machine, the policy sharded across them "
+        "(FSDP2; default 1: one plain process). A resource, not part of the config: a run "
+        "may resume on another number",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     p.set_defaults(func=cmd_train)
 
@@ -75,10 +108,60 @@ def register(subparsers: Any) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: the run's)")
     p.set_defaults(func=cmd_eval)
 
+    p = subparsers.add_parser(
+        "plan",
+        help="the GPU memory one worker of an arm needs, item by item, and whether it fits",
+        description="Plan the memory of one worker of an arm (dapo_core.setup.plan): weights, "
+        "fp32 masters, gradients, AdamW states, activations, the log-prob head and the vLLM "
+        "engine's share; then `fits` (exit 0) or `does not fit: needs at least K workers of G "
+        "GiB` (exit 2). Offline: the architecture comes from the model directory, the Hugging "
+        "Face cache or a table of known models.",
+    )
+    p.add_argument(
+        "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
+    )
+    p.add_argument(
+        "--arm", default="dapo", help=f"ladder arm: {', '.join(ARM_NAMES)} (default dapo)"
+    )
+    p.add_argument(
+        "--model", help="`tiny`, a local model directory or a hub name (model.name_or_path)"
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        help="FSDP2 workers (GPUs) per arm (default: the preset's, else 1)",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        type=positive_float,
+        metavar="GiB",
+        help="memory of one GPU in GiB (default: the preset's GPU, else 79 for an 80 GB GPU)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override any config field, e.g. --set batch.micro_batch_size=2 (repeatable)",
+    )
+    p.set_defaults(func=cmd_plan)
+
 
 # --- commands ------------------------------------------------------------------------------
 def cmd_arms(args: argparse.Namespace) -> int:
-    print(format_ladder())
+    ladder = resolve_ladder(args.ladder or "paper", preset=args.preset)
+    if args.grid:
+        base = args.arm or ladder.arms[-1].name
+        grids = parse_grid(args.grid, ladder.config(base, args.preset))
+        ladder = expand_grid(ladder, grids, arm=base, preset=args.preset)
+    elif args.arm:
+        raise ValueError("--arm names the base of a --grid: add --grid key=v1,v2")
+    if args.toml:
+        print(ladder.to_toml(), end="")
+        return 0
+    if args.ladder or args.grid:
+        print(f"{ladder.name}: {len(ladder.arms)} arms, valid on preset {args.preset}")
+    print(ladder.format())
     return 0
 
 
@@ -88,20 +171,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_model_path(cfg.model.name_or_path)
     _logging()
 
-    from dapo_core.runner import train
-    from dapo_core.sinks import JsonlSink
+    import functools
 
+    from dapo_core.train.distributed import check_workers, launch_local
+    from dapo_core.train.sinks import JsonlSink
+
+    workers = int(getattr(args, "workers", 1) or 1)
+    check_workers(cfg, workers)
+    from dapo_core.setup.plan import check_fits
+
+    check_fits(cfg, workers)  # a GPU run that cannot fit stops here, with the plan's advice
+    on = f", {workers} workers" if workers > 1 else ""
     print(
-        f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps) -> {out}",
+        f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps{on}) -> {out}",
         flush=True,
     )
-    printer = None if args.quiet else _progress_printer()
-    with JsonlSink(out) as sink:
-        result = train(cfg, sink=sink, out_dir=out, resume=not args.no_resume, progress=printer)
+    result = launch_local(
+        cfg,
+        out_dir=out,
+        workers=workers,
+        sink_factory=functools.partial(JsonlSink, out),
+        resume=not args.no_resume,
+        progress=None if args.quiet else print_progress,
+    )
     ev = result.final_eval or {}
     print(
         f"done: {result.steps} steps, {result.grad_updates} gradient updates, "
-        f"{result.tokens} tokens in {_duration(result.wall_s)}; "
+        f"{result.tokens} tokens in {duration(result.wall_s)}; "
         + (
             f"{ev['dataset']} avg@{ev['k']} {ev['avg_at_k']:.3f} pass@{ev['k']} "
             f"{ev['pass_at_k']:.3f} cons@{ev['k']} {ev['cons_at_k']:.3f}; "
@@ -115,7 +211,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from dapo_core.checkpoint import load_checkpoint_config, resolve_checkpoint
+    from dapo_core.train.checkpoint import load_checkpoint_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(args.ckpt)
     overrides: dict[str, Any] = {}
@@ -130,15 +226,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(overrides)
     _logging()
 
-    from dapo_core.runner import evaluate_policy, load_checkpoint_policy, setup_torch
+    from dapo_core.train.runner import evaluate_policy, load_checkpoint_policy, setup_torch
 
     device = setup_torch(cfg)
     model, tokenizer = load_checkpoint_policy(ckpt, cfg, device)
-    from dapo_core.checkpoint import checkpoint_step
+    from dapo_core.train.checkpoint import checkpoint_step
 
     result = evaluate_policy(cfg, model, tokenizer, step=checkpoint_step(ckpt))
     print(json.dumps({"checkpoint": str(ckpt), **result}, indent=2))
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dapo_core.setup.plan import DEFAULT_GPU_GIB, format_plan, plan_memory
+    from dapo_core.setup.presets import HARDWARE
+
+    cfg = config_from_args(args)
+    hardware = HARDWARE.get(cfg.preset)
+    workers = args.workers or (hardware.workers if hardware else 1)
+    gib = args.gpu_memory or (hardware.gpu_memory_gib if hardware else DEFAULT_GPU_GIB)
+    plan = plan_memory(cfg, workers, gib)
+    print(format_plan(plan, cfg))
+    return 0 if plan.fits else 2
 
 
 # --- config from the command line -----------------------------------------------------------
@@ -176,6 +285,39 @@ def parse_sets(items: list[str], base: ExperimentConfig) -> dict[str, Any]:
             raise ValueError(f"--set {key}: no such config field{hint}")
         out[key] = _coerce(key, raw.strip(), current[key])
     return out
+
+
+def parse_grid(items: list[str], base: ExperimentConfig) -> list[tuple[str, list[Any]]]:
+    """["algo.clip_high=0.24,0.28"] → [("algo.clip_high", [0.24, 0.28])] for expand_grid, each
+    value typed like --set. A list field takes bracketed values: optim.betas=[0.9,0.95],[0.9,0.99]."""
+    grids: list[tuple[str, list[Any]]] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        values = _split_top_level(raw)
+        if not sep or not key or not values or any(not v for v in values):
+            raise ValueError(f"--grid {item!r}: expected section.field=v1,v2,...")
+        try:
+            typed = [parse_sets([f"{key}={v}"], base)[key] for v in values]
+        except ValueError as exc:
+            # parse_sets speaks of --set; the user typed --grid.
+            raise ValueError(str(exc).replace("--set", "--grid", 1)) from None
+        grids.append((key, typed))
+    return grids
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets: "0.1,0.2" → two values, "[0.9,0.95],[0.9,0.99]" → two."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    parts.append(current.strip())
+    return [] if parts == [""] else parts
 
 
 def _coerce(key: str, raw: str, like: Any) -> Any:
@@ -228,6 +370,22 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = number(text)
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    value = number(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
+    return value
+
+
 def integer(text: str) -> int:
     """argparse type: an integer (the message names the text, not a Python exception)."""
     try:
@@ -236,27 +394,41 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
+def number(text: str) -> float:
+    """argparse type: a number (the message names the text, not a Python exception)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
 # --- output ------------------------------------------------------------------------------------
 def _logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float | None) -> str:
+    """`H:MM:SS`; "-" when unknown (None or NaN)."""
+    if seconds is None or seconds != seconds:
+        return "-"
     s = round(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def _progress_printer() -> Any:
-    def show(p: dict[str, Any]) -> None:
-        def f(x: Any, fmt: str) -> str:
-            return "-" if x is None or x != x else format(x, fmt)
+def num(x: Any, fmt: str) -> str:
+    """`x` formatted with `fmt`; "-" when unknown (None or NaN)."""
+    return "-" if x is None or x != x else format(x, fmt)
 
-        line = (
-            f"step {p['step']}/{p['steps']}  reward {f(p['reward'], '+.3f')}  acc {f(p['acc'], '.3f')}"
-            f"  entropy {f(p['entropy'], '.3f')}  length {f(p['response_length'], '.1f')}"
-            f"  {f(p['tokens_per_s'], '.0f')} tok/s  ETA {_duration(p['eta_s'])}"
-        )
-        print(line, flush=True)
 
-    return show
+def print_progress(p: dict[str, Any]) -> None:
+    """One line per step (module-level, so a spawned worker can be handed it)."""
+    workers = int(p.get("workers", 1))
+    line = (
+        f"step {p['step']}/{p['steps']}  reward {num(p['reward'], '+.3f')}"
+        f"  acc {num(p['acc'], '.3f')}  entropy {num(p['entropy'], '.3f')}"
+        f"  length {num(p['response_length'], '.1f')}"
+        f"  {num(p['tokens_per_s'], '.0f')} tok/s  ETA {duration(p['eta_s'])}"
+        + (f"  [{workers} workers]" if workers > 1 else "")
+    )
+    print(line, flush=True)

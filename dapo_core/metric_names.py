@@ -20,8 +20,17 @@ APPROX_KL = "losses/approx_kl"  # k1 estimate of KL(old || new), Schulman's k1
 CLIP_RATIO_HIGH = "clip_ratio/high"  # tokens clipped at 1 + eps_high (A > 0)
 CLIP_RATIO_LOW = "clip_ratio/low"  # tokens clipped at 1 - eps_low (A < 0)
 CLIP_RATIO_DUAL = "clip_ratio/dual"  # tokens bounded by the dual clip c (A < 0)
+# Share of the loss weight carried by the longer half of the batch's responses: 0.5 under the
+# sample-level loss (each response weighs the same), above under the token-level loss (Eq. 12).
+LOSS_LONG_SHARE = "loss/long_share"
 GRAD_NORM = "optim/grad_norm"
 LR = "optim/lr"
+NONFINITE_UPDATES = "optim/nonfinite_skipped"  # updates skipped: NaN / inf loss or gradient
+
+# --- sampler vs trainer (rollout correction) ---
+MISMATCH_ABS_LOGP = "mismatch/abs_logp"  # mean |log π_old − log π_sampler| over response tokens
+MISMATCH_KL = "mismatch/kl"  # k3 estimate of KL(π_sampler ‖ π_old)
+IS_MASKED_FRAC = "mismatch/is_masked"  # tokens capped (TIS) or masked (MIS) by the correction
 
 # --- responses ---
 RESPONSE_LENGTH_MEAN = "response_length/mean"
@@ -30,6 +39,9 @@ RESPONSE_CLIP_RATIO = "response_length/clip_ratio"  # fraction truncated at the 
 
 # --- dynamic sampling ---
 KEPT_GROUPS = "sampling/kept_groups"  # fraction of generated groups that were informative
+# fraction of the training batch's groups that are informative (0 < #correct < G): 1 under
+# dynamic sampling when the batch fills, the generated fraction without it
+TRAIN_INFORMATIVE = "sampling/train_informative"
 GEN_BATCHES = "sampling/gen_batches"  # generation batches this step
 CARRIED_GROUPS = "sampling/carried_groups"  # informative groups carried over to the next step
 TRAIN_GROUPS = "sampling/train_groups"  # groups in this step's training batch
@@ -49,6 +61,13 @@ REWARD_S = "time/reward_s"
 OLD_LOGPROB_S = "time/old_logprob_s"
 UPDATE_S = "time/update_s"
 STEP_S = "time/step_s"
+TIME_PREFIX = "time/"
+
+
+def per_rank(name: str, rank: int) -> str:
+    """A worker's own timing on N workers: `time/update_s` of rank 1 → `time/rank1/update_s`."""
+    return f"{TIME_PREFIX}rank{rank}/{name.removeprefix(TIME_PREFIX)}"
+
 
 # --- evaluation (also kept in the store's evaluations table) ---
 EVAL_AVG_AT_K = "eval/avg_at_k"

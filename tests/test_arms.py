@@ -4,9 +4,56 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_core.arms import ARM_NAMES, ARMS, arm_changes, build_arm_config, format_ladder, get_arm
-from dapo_core.config import ConfigError, flatten
-from dapo_core.presets import PRESETS
+from dapo_core.setup.arms import (
+    ARM_NAMES,
+    ARMS,
+    arm_changes,
+    build_arm_config,
+    format_ladder,
+    get_arm,
+    ladder_rows,
+)
+from dapo_core.setup.config import ConfigError, flatten
+from dapo_core.setup.presets import PRESETS, preset_config
+
+# The ladder as arms.py held it in Python before it became paper.toml, written out again here
+# (name, adds, paper score, change relative to the previous arm): the file must say exactly this.
+TODAYS_ARMS = [
+    (
+        "grpo",
+        "naive GRPO: symmetric clip 0.2, sample-level loss, no KL",
+        30.0,
+        {
+            "algo.clip_low": 0.2,
+            "algo.clip_high": 0.2,
+            "algo.loss_agg": "seq-mean-token-mean",
+            "algo.overlong_filter": False,
+            "algo.overlong_penalty": False,
+            "algo.dynamic_sampling": False,
+            "algo.kl_coef": 0.0,
+        },
+    ),
+    (
+        "overlong_filter",
+        "overlong filtering: truncated samples leave the loss",
+        36.0,
+        {"algo.overlong_filter": True},
+    ),
+    ("clip_higher", "Clip-Higher: ε_low 0.2, ε_high 0.28", 38.0, {"algo.clip_high": 0.28}),
+    ("soft_punish", "soft overlong punishment (Eq. 13)", 41.0, {"algo.overlong_penalty": True}),
+    (
+        "token_loss",
+        "token-level policy-gradient loss (Eq. 12)",
+        42.0,
+        {"algo.loss_agg": "token-mean"},
+    ),
+    (
+        "dapo",
+        "dynamic sampling: keep groups with 0 < #correct < G",
+        50.0,
+        {"algo.dynamic_sampling": True},
+    ),
+]
 
 # What each arm must change relative to the previous arm, written out independently of ARMS.
 EXPECTED_DIFF = {
@@ -21,6 +68,31 @@ EXPECTED_DIFF = {
 def _diff(a: dict, b: dict) -> dict:
     fa, fb = flatten(a), flatten(b)
     return {k: (fa[k], fb[k]) for k in fa if fa[k] != fb[k] and k != "arm"}
+
+
+def test_the_paper_file_holds_exactly_todays_six_arms() -> None:
+    assert [(a.name, a.adds, a.paper_score, a.changes) for a in ARMS] == TODAYS_ARMS
+    # Types too: a 0 where 0.0 was would change the config hash of every stored run.
+    for arm, (*_, changes) in zip(ARMS, TODAYS_ARMS, strict=True):
+        assert [type(v) for v in arm.changes.values()] == [type(v) for v in changes.values()]
+    cumulative: dict = {}
+    for arm, (*_, changes) in zip(ARMS, TODAYS_ARMS, strict=True):
+        cumulative.update(changes)
+        assert arm_changes(arm.name) == cumulative
+        for preset in PRESETS:
+            # The config (and so its hash, which names runs) is what the Python table built.
+            expected = preset_config(preset, arm=arm.name).with_overrides(
+                {**cumulative, "arm": arm.name}
+            )
+            assert build_arm_config(arm.name, preset) == expected
+            assert build_arm_config(arm.name, preset).config_hash() == expected.config_hash()
+
+
+def test_ladder_rows_carry_each_arms_parent() -> None:
+    assert ladder_rows() == [
+        {"arm": n, "adds": a, "parent": p, "paper_score": s, "grid": {}}
+        for (n, a, s, _), p in zip(TODAYS_ARMS, [None, *ARM_NAMES[:-1]], strict=True)
+    ]
 
 
 def test_ladder_order_and_paper_scores() -> None:

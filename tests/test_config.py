@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_core.config import (
+from dapo_core.setup.config import (
     AlgoConfig,
     BatchConfig,
     ConfigError,
@@ -12,7 +12,7 @@ from dapo_core.config import (
     RolloutConfig,
     flatten,
 )
-from dapo_core.presets import PRESETS, preset_config
+from dapo_core.setup.presets import PRESETS, preset_config
 
 
 @pytest.mark.parametrize(
@@ -88,6 +88,29 @@ def test_every_preset_is_valid() -> None:
         assert cfg.preset == name
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         preset_config("huge")
+
+
+def test_paper_preset_is_the_papers_recipe() -> None:
+    # §4.1: Qwen2.5-32B base, 512 prompts × 16 responses per step, mini-batch 512 responses
+    # (32 prompts: 16 updates per step), AdamW lr 1e-6 warmed up over 20 rollout steps
+    # (20 · 16 = 320 updates), L_max 20480 with L_cache 4096 (16384 + 4096), weight decay 0.1.
+    cfg = preset_config("paper")
+    assert cfg.model.name_or_path == "Qwen/Qwen2.5-32B"
+    assert (cfg.batch.train_batch_size, cfg.rollout.group_size) == (512, 16)
+    assert cfg.batch.mini_batch_size * cfg.rollout.group_size == 512
+    assert cfg.batch.train_batch_size // cfg.batch.mini_batch_size == 16
+    assert (cfg.optim.lr, cfg.optim.warmup_updates, cfg.optim.weight_decay) == (1e-6, 320, 0.1)
+    assert (cfg.rollout.max_response_len, cfg.algo.overlong_cache_len) == (20480, 4096)
+    assert (cfg.data.eval, cfg.data.eval_k) == ("aime2024", 32)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
+def test_real_presets_warm_up_over_20_rollout_steps(name: str) -> None:
+    # The paper's warm-up (20 rollout steps) in gradient updates: 20 · train / mini.
+    cfg = preset_config(name)
+    updates_per_step = cfg.batch.train_batch_size // cfg.batch.mini_batch_size
+    assert cfg.optim.warmup_updates == 20 * updates_per_step
+    assert cfg.algo.overlong_cache_len < cfg.rollout.max_response_len
 
 
 def test_flatten() -> None:

@@ -15,11 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_core import synthetic
-from dapo_core.data import (
+from dapo_core.algo.rewards import math_score
+from dapo_core.data import synthetic
+from dapo_core.data.loaders import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
     KNOWN,
+    MAX_ANSWER_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_ROW_BYTES,
     NAMED,
     Problem,
     deduplicate,
@@ -29,7 +33,6 @@ from dapo_core.data import (
     load_problems_with_report,
 )
 from dapo_core.models import build_tiny_tokenizer
-from dapo_core.rewards import math_score
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -77,14 +80,14 @@ def test_shipped_answers_match_the_shared_copies() -> None:
 
 
 def test_shipped_files_are_package_data_with_sources() -> None:
-    """Each shipped file is under dapo_core/datasets, named in its SOURCES.md, and matched by
+    """Each shipped file is under dapo_core/data/datasets, named in its SOURCES.md, and matched by
     a package-data glob of pyproject.toml (so a wheel carries it)."""
-    folder = resources.files("dapo_core.datasets")
+    folder = resources.files("dapo_core.data.datasets")
     sources = folder.joinpath("SOURCES.md").read_text()
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
     ]
-    patterns = [g for key in ("*", "dapo_core.datasets") for g in globs.get(key, [])]
+    patterns = [g for key in ("*", "dapo_core.data.datasets") for g in globs.get(key, [])]
     for spec in NAMED.values():
         if not spec.shipped:
             continue
@@ -144,19 +147,25 @@ def test_synthetic_is_deterministic_and_seeded() -> None:
 def test_synthetic_difficulty_and_length_spread() -> None:
     """Every number of terms appears. A k-term solution takes 8 tokens for its first line, 8 per
     long line and 6 per short one, and 5 for `Answer: NN` + EOS: all long 8k − 3, all short
-    6k + 1. So at the tiny preset's 40-token budget six-term solutions fit only when terse."""
+    6k + 1, at most 37 for five terms: one below where the tiny preset's soft punishment starts
+    (L_max − L_cache = 44 − 6 = 38), so a solution written without a loop is never penalised."""
+    from dapo_core.setup.presets import preset_config
+
     tok = build_tiny_tokenizer()
     tasks = synthetic.train_tasks(2_000, seed=0)
-    counts = {k: sum(len(t.terms) == k for t in tasks) for k in range(2, 7)}
-    assert all(300 <= c <= 500 for c in counts.values()), counts  # uniform: 400 each
+    counts = {k: sum(len(t.terms) == k for t in tasks) for k in range(2, 6)}
+    assert all(400 <= c <= 600 for c in counts.values()), counts  # uniform: 500 each
+    tiny = preset_config("tiny")
+    zone = tiny.rollout.max_response_len - tiny.algo.overlong_cache_len
+    assert zone == 38
 
     def n_tokens(text: str) -> int:
         return len(tok(text)["input_ids"]) + 1  # + EOS
 
     for task in tasks[:200]:
         k = len(task.terms)
-        assert n_tokens(task.solution(long_lines=True)) == 8 * k - 3
-        assert n_tokens(task.solution(long_lines=False)) == 6 * k + 1 <= 40
+        assert n_tokens(task.solution(long_lines=True)) == 8 * k - 3 <= 37 < zone
+        assert n_tokens(task.solution(long_lines=False)) == 6 * k + 1
         # Both worked solutions are judged correct by the project's reward.
         assert math_score(task.solution(True), str(task.answer)).acc == 1.0
         assert math_score(task.solution(False), str(task.answer)).acc == 1.0
@@ -166,29 +175,34 @@ def test_synthetic_difficulty_and_length_spread() -> None:
     assert synthetic.SumTask((37, 4, 9, 1)).solution(False) == "37+4=41\n+9=50\n+1=51\nAnswer: 51"
 
 
-def test_synthetic_demonstrations_vary_in_length_and_slip_only_on_carries() -> None:
-    """Demonstrations take 8 + 8j + 6(k − 2 − j) + 5 tokens for j long lines; a slip forgets a
-    carry (−10) and the wrong total is carried to the answer; a step without a carry cannot slip."""
+def test_synthetic_demonstrations_slip_only_on_carries_and_sometimes_loop() -> None:
+    """A slip forgets a carry (−10) and the wrong total is carried to the answer; a step without
+    a carry cannot slip. A loop writes every line from one on twice: the answer stays right and
+    the length grows by the looped lines (task.length)."""
     tok = build_tiny_tokenizer()
     task = synthetic.SumTask((37, 4, 9, 1))  # 37+4 carries, 41+9 carries, 50+1 does not
     assert task.carries == 2
     assert task.write([True, True], [True, False, False]).endswith("Answer: 41")  # 31+9+1
     assert task.write([True, True], [False, False, True]) == task.solution(True)  # no carry
-    lengths, wrong = set(), 0
-    for prompt, demo in synthetic.demonstrations(400, seed=0):
+    looped = task.write([False, True], [False] * 3, loop_from=1)
+    assert looped == "37+4=41\n+9=50\n+9=50\n50+1=51\n50+1=51\nAnswer: 51"
+    # 8 + 6 + 8 + 5 = 27 without the loop; the loop repeats lines 1 and 2: + 6 + 8 = 41
+    assert len(tok(looped)["input_ids"]) + 1 == task.length([False, True], 1) == 41
+    assert math_score(looped, "51").acc == 1.0
+    lengths, wrong, loops = set(), 0, 0
+    for prompt, demo in synthetic.demonstrations(1_000, seed=0):
         terms = [int(t) for t in prompt.removesuffix("=?\n").split("+")]
-        k = len(terms)
-        j = sum(1 for line in demo.splitlines()[1:-1] if not line.startswith("+"))
-        assert len(tok(demo)["input_ids"]) + 1 == 8 + 8 * j + 6 * (k - 2 - j) + 5
+        loops += len(demo.splitlines()) - 1 > len(terms) - 1
         lengths.add(len(tok(demo)["input_ids"]))
         wrong += math_score(demo, str(sum(terms))).acc == 0.0
-    assert len(lengths) >= 10  # lengths spread
-    assert 0.1 < wrong / 400 < 0.6  # some demonstrations slip, most do not
+    assert len(lengths) >= 15  # lengths spread
+    assert 0.1 < wrong / 1_000 < 0.5  # some demonstrations slip, most do not
+    assert 0.2 < loops / 1_000 < 0.4  # RAMBLE_RATE 0.3
 
 
 # --- DAPO-Math-17k de-duplication ------------------------------------------------------------
 def test_dapo_math_dedup_report(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="dapo_core.data"):
+    with caplog.at_level(logging.WARNING, logger="dapo_core.data.loaders"):
         problems, report = load_problems_with_report("dapo-math-17k")
     assert report is not None
     assert report.rows == 17_917
@@ -245,7 +259,7 @@ def test_deduplicate_by_hand() -> None:
 
 # --- verl's parquet layout ----------------------------------------------------------------------
 def test_verl_aime_parquet_is_the_thirty_problems(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="dapo_core.data"):
+    with caplog.at_level(logging.WARNING, logger="dapo_core.data.loaders"):
         problems, report = load_problems_with_report(str(VERL / "aime-2024.parquet"))
     assert report is not None and report.rows == 960 and report.exact_duplicates == 930
     assert len(problems) == 30
@@ -354,6 +368,75 @@ def test_malformed_row_names_file_and_row(tmp_path: Path, bad_line: str, message
     assert str(err.value).startswith(f"{path} row 3: ")
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            {"problem": "x" * (MAX_PROMPT_CHARS + 1), "answer": "1"},
+            f"the problem has {MAX_PROMPT_CHARS + 1:,} characters, more than the limit of "
+            f"{MAX_PROMPT_CHARS:,}",
+        ),
+        (
+            {"problem": "1+1?", "answer": "2" * (MAX_ANSWER_CHARS + 1)},
+            f"'answer' has {MAX_ANSWER_CHARS + 1:,} characters, more than the limit of "
+            f"{MAX_ANSWER_CHARS:,}",
+        ),
+        # A 1M-newline answer strips to one character: whitespace around it is not counted.
+        ({"problem": "1+1?", "answer": "\n" * 1_000_000 + "2"}, None),
+    ],
+)
+def test_over_long_fields_name_file_and_row(
+    tmp_path: Path, row: dict[str, str], message: str | None
+) -> None:
+    path = tmp_path / "big.jsonl"
+    good = json.dumps({"problem": "2+2?", "answer": "4"})
+    path.write_text(f"{good}\n{json.dumps(row)}\n")
+    if message is None:
+        assert [p.answer for p in load_problems(str(path))] == ["4", "2"]
+        return
+    with pytest.raises(ValueError) as err:
+        load_problems(str(path))
+    assert str(err.value) == f"{path} row 2: {message}"
+
+
+def test_fields_at_the_limits_load(tmp_path: Path) -> None:
+    path = tmp_path / "edge.jsonl"
+    row = {"problem": "y" * MAX_PROMPT_CHARS, "answer": "7" * MAX_ANSWER_CHARS}
+    path.write_text(json.dumps(row) + "\n")
+    [problem] = load_problems(str(path))
+    assert (len(problem.prompt), len(problem.answer)) == (MAX_PROMPT_CHARS, MAX_ANSWER_CHARS)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_50mb_line_is_refused_without_reading_it_whole(tmp_path: Path, suffix: str) -> None:
+    # The report: a 50 MB single-line problem took 20 GB of RAM. The line is cut at the limit.
+    path = tmp_path / f"huge{suffix}"
+    good = json.dumps({"problem": "2+2?", "answer": "4"})
+    data = f'{good}\n{{"problem": "{"z" * 50_000_000}", "answer": "1"}}\n'.encode()
+    path.write_bytes(gzip.compress(data, compresslevel=1) if suffix.endswith(".gz") else data)
+    with pytest.raises(ValueError) as err:
+        load_problems(str(path))
+    assert (
+        str(err.value) == f"{path} row 2: longer than {MAX_ROW_BYTES:,} bytes, the limit of a row"
+    )
+
+
+def test_verl_layout_problem_over_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "big.parquet"
+    long_problem = "w" * (MAX_PROMPT_CHARS + 1)
+    _write_parquet(
+        path,
+        [
+            {
+                "prompt": [{"role": "user", "content": DAPO_PREFIX + long_problem + DAPO_SUFFIX}],
+                "reward_model": {"ground_truth": "1", "style": "rule"},
+            }
+        ],
+    )
+    with pytest.raises(ValueError, match=r"big\.parquet row 1: the problem has 32,769 characters"):
+        load_problems(str(path))
 
 
 def test_non_utf8_and_corrupt_gzip(tmp_path: Path) -> None:

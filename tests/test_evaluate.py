@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.evaluate import avg_at_k, cons_at_k, majority_vote, pass_at_k, summarize
+from dapo_core.algo.evaluate import avg_at_k, cons_at_k, majority_vote, pass_at_k, summarize
 
 FAST = settings(max_examples=80, deadline=None)
 

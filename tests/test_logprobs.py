@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from tiny_policy import tiny_llama
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from dapo_core.logprobs import (
+from dapo_core.train.logprobs import (
     linear_logprobs_and_entropy,
     naive_logprobs_and_entropy,
     token_logprobs_and_entropy,
@@ -77,16 +77,15 @@ def test_masked_positions_get_no_gradient() -> None:
 
 
 def test_model_level_logprobs_match_full_logits_with_right_padding() -> None:
-    torch.manual_seed(2)
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
+    # No padding row (pad_token_id None): every row of the tied embedding is random.
+    model = tiny_llama(
+        40,
+        seed=2,
         num_hidden_layers=2,
         num_attention_heads=4,
-        intermediate_size=64,
         tie_word_embeddings=True,
+        pad_token_id=None,
     )
-    model = LlamaForCausalLM(cfg)
     ids = torch.randint(3, 40, (2, 9))
     attn = torch.ones_like(ids)
     attn[1, 7:] = 0  # row 1 is 7 tokens long, right-padded
@@ -103,3 +102,59 @@ def test_model_level_logprobs_match_full_logits_with_right_padding() -> None:
     # Tied embeddings: the gradient reaches the shared matrix through the head and the input.
     lp.sum().backward()
     assert model.model.embed_tokens.weight.grad is not None
+
+
+def test_entropy_gradient_matches_autograd_of_the_full_softmax() -> None:
+    """With entropy_grad the chunked entropy is differentiable (the entropy bonus needs it):
+    ∂H/∂z_j = −p_j (log p_j + H), checked against autograd through a full log_softmax."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    head = torch.nn.Linear(8, 11, bias=True).double()
+    targets = torch.randint(0, 11, (2, 5))
+    w_lp, w_ent = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+
+    lp, ent = linear_logprobs_and_entropy(
+        hidden, head, targets, temperature=0.7, chunk_size=3, entropy_grad=True
+    )
+    ours = torch.autograd.grad((lp * w_lp).sum() + (ent * w_ent).sum(), [hidden, head.weight])
+
+    logp = torch.log_softmax(head(hidden) / 0.7, dim=-1)
+    ref_lp = logp.gather(-1, targets[..., None]).squeeze(-1)
+    ref_ent = -(logp.exp() * logp).sum(-1)
+    ref = torch.autograd.grad(
+        (ref_lp * w_lp).sum() + (ref_ent * w_ent).sum(), [hidden, head.weight]
+    )
+    torch.testing.assert_close(ent.double(), ref_ent, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-6)
+
+
+def test_entropy_has_no_gradient_by_default() -> None:
+    hidden = torch.randn(1, 3, 4, requires_grad=True)
+    head = torch.nn.Linear(4, 5)
+    _, ent = linear_logprobs_and_entropy(hidden, head, torch.zeros(1, 3, dtype=torch.long))
+    assert not ent.requires_grad
+
+
+def test_packed_rows_score_each_sequence_as_if_alone() -> None:
+    # Two sequences in one row, position ids restarting at the second (no attention mask):
+    # transformers builds a block-diagonal causal mask, so each scores what it scores alone.
+    model = tiny_llama(40, seed=4, num_hidden_layers=2, num_attention_heads=4, pad_token_id=None)
+    a, b = torch.randint(3, 40, (6,)), torch.randint(3, 40, (5,))
+    row = torch.cat([a, b])[None, :]
+    positions = torch.cat([torch.arange(6), torch.arange(5)])[None, :]
+    resp = torch.zeros_like(row)
+    resp[0, 2:6] = 1  # a: prompt 2 tokens, response 4
+    resp[0, 8:] = 1  # b: prompt 2 tokens, response 3
+    lp, ent = token_logprobs_and_entropy(model, row, None, resp, position_ids=positions)
+    for seq, start, prompt in ((a, 0, 2), (b, 6, 2)):
+        alone = torch.zeros_like(seq)[None, :]
+        alone[0, prompt:] = 1
+        ref_lp, ref_ent = token_logprobs_and_entropy(
+            model, seq[None, :], torch.ones_like(seq)[None, :], alone
+        )
+        n = len(seq) - 1
+        got = lp[0, start : start + n][alone[0, 1:].bool()]
+        torch.testing.assert_close(got, ref_lp[0][alone[0, 1:].bool()], atol=1e-5, rtol=1e-5)
+        got_ent = ent[0, start : start + n][alone[0, 1:].bool()]
+        torch.testing.assert_close(got_ent, ref_ent[0][alone[0, 1:].bool()], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
-"""Policy loss, aggregation modes and KL estimators: hand-computed cases and invariants.
+"""Policy losses (vanilla, GSPO, CISPO), aggregation modes and KL estimators: hand-computed
+cases and invariants. The differential tests against verl's own code are in tests/reference/.
 
 The central property is exact gradient accumulation: with the mini-batch's global counts, the
 sum of micro-batch losses is the one-batch loss, in every aggregation mode, and its gradient is
@@ -16,14 +17,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_core import metric_names as M
-from dapo_core.losses import (
+from dapo_core.algo.losses import (
     AGG_MODES,
+    AGGREGATIONS,
+    POLICY_LOSSES,
     aggregate,
     clipped_surrogate,
+    get_aggregation,
     kl_penalty,
     masked_mean,
     policy_loss,
 )
+from dapo_core.setup.config import LOSS_AGGS, LOSS_MODES
 
 FAST = settings(max_examples=40, deadline=None)
 F64 = torch.float64
@@ -188,15 +193,24 @@ def test_no_valid_token_gives_zero_with_a_zero_gradient(agg: str) -> None:
     assert torch.equal(loss.grad, torch.zeros(2, 3, dtype=F64))
 
 
+@pytest.mark.parametrize("loss_mode", LOSS_MODES)
 @pytest.mark.parametrize("agg", AGG_MODES)
-def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str) -> None:
+def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str, loss_mode: str) -> None:
     # Padded positions hold −inf log-probs (as a model may) and +inf old log-probs.
     lp = _t([[-0.5, -1.0, float("-inf")], [-0.2, float("-inf"), float("-inf")]])
     lp.requires_grad_(True)
     old = _t([[-0.6, -0.9, float("inf")], [-0.3, 0.0, float("nan")]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
     loss, metrics = policy_loss(
-        lp, old, _t([1.0, -1.0]), mask, clip_low=0.2, clip_high=0.28, agg=agg, max_len=3
+        lp,
+        old,
+        _t([1.0, -1.0]),
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        agg=agg,
+        max_len=3,
+        loss_mode=loss_mode,
     )
     loss.backward()
     assert math.isfinite(loss.item())
@@ -210,6 +224,44 @@ def test_masked_mean() -> None:
     m = torch.tensor([[1, 0], [1, 0]])
     assert masked_mean(x, m).item() == pytest.approx(2.0)  # (1 + 3) / 2
     assert masked_mean(x, torch.zeros(2, 2)).item() == 0.0
+
+
+def test_aggregation_registry_matches_the_config() -> None:
+    assert tuple(AGGREGATIONS) == AGG_MODES == LOSS_AGGS
+    assert all(get_aggregation(name).name == name for name in AGGREGATIONS)
+    with pytest.raises(ValueError, match="use one of token-mean, seq-mean-token-mean"):
+        get_aggregation("seq-sum")
+
+
+@pytest.mark.parametrize(
+    ("agg", "expected"),
+    [
+        # rows with 3, 0 and 2 loss tokens, in a mini-batch of 4 rows (one filtered out before)
+        ("token-mean", (5, 2)),  # 3 + 0 + 2 tokens; rows with a token: 2
+        ("seq-mean-token-mean", (5, 2)),  # the empty row is no sequence of the mean
+        ("seq-mean-token-sum-norm", (5, 4)),  # Dr.GRPO: every row of the mini-batch, filtered too
+    ],
+)
+def test_aggregation_counts_hand_computed(agg: str, expected: tuple[int, int]) -> None:
+    assert AGGREGATIONS[agg].counts([3, 0, 2], all_rows=4) == expected
+
+
+def test_aggregation_counts_of_an_empty_mini_batch() -> None:
+    assert AGGREGATIONS["token-mean"].counts([], all_rows=0) == (0, 0)
+    assert AGGREGATIONS["seq-mean-token-sum-norm"].counts([0, 0], all_rows=2) == (0, 2)
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 6), T=st.integers(1, 6))
+def test_aggregation_counts_are_the_one_batch_defaults(seed: int, B: int, T: int) -> None:
+    # A trainer passes the counts to every micro-batch; on one batch they must be exactly the
+    # normaliser the mode would have used by default.
+    _, _, _, mask = _batch(seed, B, T)
+    loss = torch.randn(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    for name, agg in AGGREGATIONS.items():
+        num_tokens, num_seqs = agg.counts(mask.sum(-1).tolist(), all_rows=B)
+        got = aggregate(loss, mask, name, num_tokens=num_tokens, num_seqs=num_seqs, max_len=T)
+        torch.testing.assert_close(got, aggregate(loss, mask, name, max_len=T))
 
 
 # --- exact gradient accumulation ---------------------------------------------------------------
@@ -251,20 +303,34 @@ def _splits(B: int, cuts: list[int]) -> list[tuple[int, int]]:
     cuts=st.lists(st.integers(0, 50), min_size=1, max_size=4),
     agg=st.sampled_from(AGG_MODES),
     clip_c=st.sampled_from([None, 3.0]),
+    loss_mode=st.sampled_from(LOSS_MODES),
+    weighted=st.booleans(),
 )
 def test_micro_batches_with_global_counts_give_the_one_batch_gradient(
-    seed: int, B: int, T: int, cuts: list[int], agg: str, clip_c: float | None
+    seed: int,
+    B: int,
+    T: int,
+    cuts: list[int],
+    agg: str,
+    clip_c: float | None,
+    loss_mode: str,
+    weighted: bool,
 ) -> None:
     lp, old, adv, mask = _batch(seed, B, T)
+    w = torch.rand(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed)) * 2
     kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": clip_c, "agg": agg, "max_len": T + 2}
+    kw["loss_mode"] = loss_mode
 
-    full, _ = policy_loss(lp, old, adv, mask, **kw)
+    full, _ = policy_loss(lp, old, adv, mask, token_weights=w if weighted else None, **kw)
     (full_grad,) = torch.autograd.grad(full, lp)
 
     counts = _global_counts(agg, mask)
     total = torch.zeros((), dtype=F64)
     for a, b in _splits(B, cuts):
-        part, _ = policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw, **counts)
+        part_w = w[a:b] if weighted else None
+        part, _ = policy_loss(
+            lp[a:b], old[a:b], adv[a:b], mask[a:b], token_weights=part_w, **kw, **counts
+        )
         total = total + part
     (micro_grad,) = torch.autograd.grad(total, lp)
 
@@ -353,11 +419,19 @@ def test_token_mean_differs_from_seq_mean_when_lengths_differ() -> None:
 
 
 @FAST
-@given(seed=st.integers(0, 10_000), B=st.integers(2, 6), T=st.integers(1, 6), cut=st.integers(1, 5))
-def test_raw_sums_combine_into_the_one_batch_fractions(seed: int, B: int, T: int, cut: int) -> None:
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(2, 6),
+    T=st.integers(1, 6),
+    cut=st.integers(1, 5),
+    loss_mode=st.sampled_from(LOSS_MODES),
+)
+def test_raw_sums_combine_into_the_one_batch_fractions(
+    seed: int, B: int, T: int, cut: int, loss_mode: str
+) -> None:
     lp, old, adv, mask = _batch(seed, B, T)
     old = lp.detach() + torch.randn(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
-    kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 2.0}
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 2.0, "loss_mode": loss_mode}
     _, full = policy_loss(lp, old, adv, mask, **kw)
     c = min(cut, B - 1)
     parts = [
@@ -419,6 +493,167 @@ def test_dual_clip_changes_only_negative_advantage_tokens(
     neg = ~nonneg
     torch.testing.assert_close(dual[neg], torch.minimum(plain[neg], -a[neg] * c))
     assert bool((dual <= plain).all())
+
+
+# --- loss modes: GSPO and CISPO, and the rollout-correction weights ----------------------------
+
+
+def test_loss_mode_registry_matches_the_config() -> None:
+    assert tuple(POLICY_LOSSES) == LOSS_MODES
+    lp = torch.zeros(1, 1)
+    with pytest.raises(ValueError, match="loss_mode='ppo': use one of vanilla, gspo, cispo"):
+        policy_loss(lp, lp, _t([1.0]), lp, clip_low=0.2, clip_high=0.2, loss_mode="ppo")
+    with pytest.raises(ValueError, match=r"token_weights \(2,\) must be \[B, T\]"):
+        policy_loss(lp, lp, _t([1.0]), lp, clip_low=0.2, clip_high=0.2, token_weights=torch.ones(2))
+
+
+def test_gspo_hand_computed() -> None:
+    # ε_low 0.2, ε_high 0.28; old = 0 so r = exp(lp); three sequences of two tokens.
+    #   row 0: r = [2, 0.5], A = +1: log s = (ln 2 + ln 0.5)/2 = 0, s = 1 → ℓ = [−1, −1]
+    #   row 1: r = [1.5, 1.5], A = −1: s = 1.5 → ℓ = max(1.5, 1.28) = 1.5 per token (no clip)
+    #   row 2: r = [4, 1], A = +1: log s = (ln 4 + 0)/2 = ln 2, s = 2 > 1.28 → ℓ = −1.28 (clipped)
+    # token-mean: (−2 + 3 − 2.56) / 6 = −0.26
+    lp = torch.log(_t([[2.0, 0.5], [1.5, 1.5], [4.0, 1.0]])).requires_grad_(True)
+    loss, metrics = policy_loss(
+        lp,
+        torch.zeros(3, 2, dtype=F64),
+        _t([1.0, -1.0, 1.0]),
+        torch.ones(3, 2),
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_mode="gspo",
+    )
+    assert loss.item() == pytest.approx(-0.26)
+    loss.backward()
+    # dℓ_t/dlp_t = −A·s on the unclipped branch (s_t = sg[s]·π_t/sg[π_t]), 0 where clipped.
+    torch.testing.assert_close(lp.grad, _t([[-1.0, -1.0], [1.5, 1.5], [0.0, 0.0]]) / 6)
+    assert metrics["_n_clip_high"] == 2  # both tokens of row 2, by the sequence's ratio
+    assert metrics["_n_clip_low"] == 0 and metrics["_n_clip_dual"] == 0
+    # k1 is per token, as for vanilla: −(0 + 2 ln 1.5 + ln 4)/6 = −2.197225/6
+    assert metrics[M.APPROX_KL] == pytest.approx(-0.366204, abs=1e-6)
+
+
+def test_gspo_sequence_length_counts_only_the_loss_tokens() -> None:
+    # One row, r = [4, e^5 (padding)], mask [1, 0], A = −1: s = 4 (length 1, not 2), so
+    # ℓ = max(−A·4, −A·1.28) = 4, and the dual clip does not exist in GSPO (clip_c ignored).
+    lp = torch.log(_t([[4.0, math.exp(5.0)]]))
+    loss, metrics = policy_loss(
+        lp,
+        torch.zeros(1, 2, dtype=F64),
+        _t([-1.0]),
+        torch.tensor([[1, 0]]),
+        clip_low=0.2,
+        clip_high=0.28,
+        clip_c=3.0,
+        loss_mode="gspo",
+    )
+    assert loss.item() == pytest.approx(4.0)
+    assert metrics["_n_clip_dual"] == 0
+
+
+def test_cispo_hand_computed() -> None:
+    # ε_low 0.2, ε_high 0.28; r = [1.5, 1.1, 0.5, 0.9], A = [+1, +1, −1, −1]
+    # w = sg[clip(r, 0.8, 1.28)] = [1.28, 1.1, 0.8, 0.9]; lp = ln r = [0.405465, 0.095310,
+    # −0.693147, −0.105361]; ℓ = −w·A·lp = [−0.518995, −0.104841, −0.554518, −0.094825]
+    # token-mean: −1.273179 / 4 = −0.318295
+    lp = torch.log(_t([[1.5, 1.1, 0.5, 0.9]])).requires_grad_(True)
+    loss, metrics = policy_loss(
+        lp,
+        torch.zeros(1, 4, dtype=F64),
+        _t([[1.0, 1.0, -1.0, -1.0]]),
+        torch.ones(1, 4),
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_mode="cispo",
+    )
+    assert loss.item() == pytest.approx(-0.318295, abs=1e-6)
+    loss.backward()
+    # ∇ = −w·A / 4: every token keeps a gradient, the clipped ones too (vanilla gives token 0
+    # and token 2 none).
+    torch.testing.assert_close(lp.grad, _t([[-1.28, -1.1, 0.8, 0.9]]) / 4)
+    assert metrics["_n_clip_high"] == 1  # r = 1.5 > 1.28
+    assert metrics["_n_clip_low"] == 1  # r = 0.5 < 0.8
+    assert metrics["_n_clip_dual"] == 0
+
+
+def test_cispo_clip_counts_ignore_the_sign_of_the_advantage() -> None:
+    # The clip bounds CISPO's weight whatever A is: r = [1.5, 0.5] with A = [−1, +1] are both
+    # clipped (vanilla would count neither: there the clip only binds for A > 0 above, A < 0 below).
+    lp = torch.log(_t([[1.5, 0.5]]))
+    kw = {"clip_low": 0.2, "clip_high": 0.28}
+    old, adv, mask = torch.zeros(1, 2, dtype=F64), _t([[-1.0, 1.0]]), torch.ones(1, 2)
+    _, cispo = policy_loss(lp, old, adv, mask, loss_mode="cispo", **kw)
+    _, vanilla = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    assert (cispo["_n_clip_high"], cispo["_n_clip_low"]) == (1, 1)
+    assert (vanilla["_n_clip_high"], vanilla["_n_clip_low"]) == (0, 0)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 5),
+    T=st.integers(1, 6),
+    agg=st.sampled_from(AGG_MODES),
+    eps=st.sampled_from([(0.2, 0.2), (0.2, 0.28), (0.1, 0.5)]),
+)
+def test_gspo_with_equal_ratios_in_a_sequence_is_the_vanilla_surrogate(
+    seed: int, B: int, T: int, agg: str, eps: tuple[float, float]
+) -> None:
+    # Every token of row i has the same ratio r_i: the geometric mean s_i is r_i, and the
+    # gradient of s_{i,t} = sg[s_i]·π_t/sg[π_t] is s_i·∇log π_t, vanilla's r_t·∇log π_t.
+    lp, _, adv, mask = _batch(seed, B, T)
+    g = torch.Generator().manual_seed(seed + 1)
+    row_log_ratio = 0.6 * torch.randn(B, 1, generator=g, dtype=F64)
+    old = lp.detach() - row_log_ratio
+    kw = {"clip_low": eps[0], "clip_high": eps[1], "agg": agg, "max_len": T}
+    gspo, gm = policy_loss(lp, old, adv, mask, loss_mode="gspo", **kw)
+    vanilla, vm = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    torch.testing.assert_close(gspo, vanilla)
+    torch.testing.assert_close(
+        torch.autograd.grad(gspo, lp)[0], torch.autograd.grad(vanilla, lp)[0]
+    )
+    assert (gm["_n_clip_high"], gm["_n_clip_low"]) == (vm["_n_clip_high"], vm["_n_clip_low"])
+
+
+@FAST
+@given(seed=st.integers(0, 10_000), B=st.integers(1, 5), T=st.integers(1, 6))
+def test_cispo_gradient_is_the_clipped_weight_times_the_score(seed: int, B: int, T: int) -> None:
+    # ∇_lp Σ ℓ / N = −A·clip(r, 1 − ε_low, 1 + ε_high) / N on loss tokens, 0 elsewhere.
+    lp, old, adv, mask = _batch(seed, B, T)
+    loss, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_mode="cispo")
+    (grad,) = torch.autograd.grad(loss, lp)
+    w = torch.exp(lp.detach() - old).clamp(0.8, 1.28)
+    expected = torch.where(mask, -adv[:, None] * w, torch.zeros_like(w)) / mask.sum()
+    torch.testing.assert_close(grad, expected)
+
+
+@FAST
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 5),
+    T=st.integers(1, 6),
+    agg=st.sampled_from(AGG_MODES),
+    loss_mode=st.sampled_from(LOSS_MODES),
+)
+def test_token_weights_scale_each_tokens_loss(
+    seed: int, B: int, T: int, agg: str, loss_mode: str
+) -> None:
+    # Rollout correction: ℓ_t → w_t·ℓ_t before the aggregation, in every mode. Ones change
+    # nothing; zeros remove a token's gradient (its count stays in the normaliser).
+    lp, old, adv, mask = _batch(seed, B, T)
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T, "loss_mode": loss_mode}
+    plain, plain_metrics = policy_loss(lp, old, adv, mask, **kw)
+    ones, ones_metrics = policy_loss(lp, old, adv, mask, token_weights=torch.ones(B, T), **kw)
+    assert ones.item() == plain.item()
+    assert ones_metrics == plain_metrics
+    w = torch.rand(B, T, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    w[:, 0] = 0.0
+    weighted, _ = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
+    (grad,) = torch.autograd.grad(weighted, lp)
+    assert bool((grad[:, 0] == 0).all())
+    # Linear in the weights: doubling them doubles the loss.
+    doubled, _ = policy_loss(lp, old, adv, mask, token_weights=2 * w, **kw)
+    torch.testing.assert_close(doubled, 2 * weighted)
 
 
 # --- KL estimators -----------------------------------------------------------------------------
@@ -484,3 +719,23 @@ def test_shape_mismatches_are_value_errors() -> None:
         policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 4), clip_low=0.2, clip_high=0.2)
     with pytest.raises(ValueError, match="kind='k4'"):
         kl_penalty(lp, lp, "k4")
+
+
+def test_row_weights_and_the_long_share_of_each_aggregation() -> None:
+    """The token-level loss's signature (§3.3): how much of a mini-batch's loss weight the
+    longer responses carry. Lengths 10, 10, 30, 50 (median 20):
+      token-mean:              weights 10, 10, 30, 50 → (30 + 50) / 100 = 0.8
+      seq-mean-token-mean:     weights 1, 1, 1, 1     → 2 / 4 = 0.5
+      seq-mean-token-sum-norm: weights as token-mean  → 0.8
+    A row the filter emptied (0 tokens) weighs nothing under the sample-level mean."""
+    from dapo_core.algo.losses import get_aggregation
+    from dapo_core.train.update import long_share
+
+    lengths = [10, 10, 30, 50]
+    assert get_aggregation("token-mean").row_weights(lengths) == [10.0, 10.0, 30.0, 50.0]
+    assert get_aggregation("seq-mean-token-mean").row_weights([0, 7]) == [0.0, 1.0]
+    assert long_share(get_aggregation("token-mean"), lengths) == pytest.approx(0.8)
+    assert long_share(get_aggregation("seq-mean-token-mean"), lengths) == pytest.approx(0.5)
+    assert long_share(get_aggregation("seq-mean-token-sum-norm"), lengths) == pytest.approx(0.8)
+    # All lengths equal: no response is longer than the median, nothing is "long".
+    assert long_share(get_aggregation("token-mean"), [5, 5, 5]) == 0.0

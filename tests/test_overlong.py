@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.losses import policy_loss
-from dapo_core.overlong import overlong_filter_mask, overlong_penalty
+from dapo_core.algo.losses import policy_loss
+from dapo_core.algo.overlong import overlong_filter_mask, overlong_penalty
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from dapo_core import metric_names as M
-from dapo_core.arms import ARM_NAMES, build_arm_config
-from dapo_core.checkpoint import checkpoint_step, latest_checkpoint
-from dapo_core.config import ExperimentConfig
-from dapo_core.runner import evaluate_policy, train
+from dapo_core.setup.arms import ARM_NAMES, build_arm_config
+from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.checkpoint import checkpoint_step, latest_checkpoint
+from dapo_core.train.runner import evaluate_policy, train
 
 # Small enough for a few seconds per run, large enough for several mini-batches per step (so
 # the clip acts) and for groups that are all right or all wrong (so dynamic sampling acts).
@@ -62,9 +62,10 @@ def test_every_arm_trains_two_steps_on_cpu(arm: str, tmp_path: Path) -> None:
     result = train(cfg, sink=sink, out_dir=tmp_path)
 
     assert result.steps == 2 and sorted(sink.metrics) == [1, 2]
-    # 4 groups x 4 responses in mini-batches of 2 groups: 2 updates a step, 1 epoch.
-    assert result.grad_updates == 4
-    assert sink.metrics[2][M.GRAD_UPDATES] == 4
+    # 4 groups x 4 responses in mini-batches of 2 groups: 2 updates an epoch, μ epochs a step
+    # (the tiny preset's μ = 2: 8 updates in 2 steps).
+    assert result.grad_updates == 2 * 2 * cfg.algo.ppo_epochs
+    assert sink.metrics[2][M.GRAD_UPDATES] == 2 * 2 * cfg.algo.ppo_epochs
     for step, metrics in sink.metrics.items():
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         assert not bad, f"step {step}: non-finite metrics {bad}"

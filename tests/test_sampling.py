@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core.advantages import group_advantages
-from dapo_core.sampling import informative_groups
+from dapo_core.algo.advantages import group_advantages
+from dapo_core.algo.sampling import informative_groups
 
 FAST = settings(max_examples=60, deadline=None)
 

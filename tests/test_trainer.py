@@ -14,46 +14,17 @@ from typing import Any
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_policy import EOS, char_tokenizer, tiny_llama
+from transformers import PreTrainedTokenizerFast
 
-import dapo_core.trainer as trainer_mod
+import dapo_core.train.trainer as trainer_mod
+import dapo_core.train.update as update_mod
 from dapo_core import metric_names as M
-from dapo_core.config import ExperimentConfig
-from dapo_core.data import Problem
+from dapo_core.data.loaders import Problem
 from dapo_core.engines.base import Completion, SamplingParams
-from dapo_core.trainer import Trainer
-
-CHARS = "0123456789+-*=?:. abcdefghijklmnopqrstuvwxyzAW\n"
-EOS = 1
-
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for c in CHARS:
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-
-
-def small_model(vocab: int, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        bos_token_id=None,
-    )
-    return LlamaForCausalLM(cfg)
+from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.batching import Seq, gather_rows, pack, scatter_rows
+from dapo_core.train.trainer import Trainer
 
 
 class ScriptedEngine:
@@ -138,7 +109,7 @@ def make_trainer(cfg: ExperimentConfig, engine: ScriptedEngine, seed: int = 0) -
     tok = engine.tok
     return Trainer(
         cfg,
-        small_model(len(tok), seed),
+        tiny_llama(len(tok), seed),
         tok,
         engine,
         PROBLEMS,
@@ -159,6 +130,7 @@ def test_one_step_reads_like_algorithm_1() -> None:
     assert m[M.REWARD_MEAN] == pytest.approx(-0.125)
     assert m[M.KEPT_GROUPS] == pytest.approx(0.5)
     assert m[M.TRAIN_GROUPS] == 4  # no dynamic sampling: every group trains
+    assert m[M.TRAIN_INFORMATIVE] == pytest.approx(0.5)  # ... informative or not
     assert m[M.GEN_BATCHES] == 1
     # 4 groups / mini-batches of 2 groups × 1 epoch = 2 gradient updates
     assert m[M.GRAD_UPDATES] == 2
@@ -200,6 +172,7 @@ def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -
     m1 = trainer.step().metrics
     assert (m1[M.GEN_BATCHES], m1[M.TRAIN_GROUPS], m1[M.CARRIED_GROUPS]) == (2, 4, 2)
     assert m1[M.KEPT_GROUPS] == pytest.approx(6 / 8)
+    assert m1[M.TRAIN_INFORMATIVE] == 1.0  # the filter: only informative groups train
     assert m1[M.GRAD_UPDATES] == 2  # 4 groups / 2 per mini-batch
     carried = [g.prompt for g in trainer.carried_groups]
     assert carried == [engine.calls[1][1], engine.calls[1][3]]  # the surplus, oldest first
@@ -213,7 +186,7 @@ def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -
         trainer.carried_groups[0].rollouts[0].completion.token_ids
     )
 
-    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+    with caplog.at_level(logging.WARNING, logger="dapo_core.train.trainer"):
         m2 = trainer.step().metrics
     # carry 2 + 0 + 1 + 0 = 3 < 4 after 3 batches: train on the 3, never crash
     assert (m2[M.GEN_BATCHES], m2[M.TRAIN_GROUPS], m2[M.CARRIED_GROUPS]) == (3, 3, 0)
@@ -221,7 +194,7 @@ def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -
     assert "max_gen_batches=3 with 3/4" in caplog.text
     assert m2[M.GEN_BATCHES_TOTAL] == 5
 
-    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+    with caplog.at_level(logging.WARNING, logger="dapo_core.train.trainer"):
         m3 = trainer.step().metrics
     assert m3[M.TRAIN_GROUPS] == 0
     assert m3[M.GRAD_UPDATES] == 4  # no update
@@ -265,13 +238,13 @@ def test_overlong_filter_removes_truncated_rows_from_the_token_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[tuple[float, float]] = []
-    real = trainer_mod.policy_loss
+    real = update_mod.policy_loss
 
     def spy(logprobs, old, adv, mask, **kw):  # type: ignore[no-untyped-def]
         seen.append((float(kw["num_tokens"]), float(mask.sum())))
         return real(logprobs, old, adv, mask, **kw)
 
-    monkeypatch.setattr(trainer_mod, "policy_loss", spy)
+    monkeypatch.setattr(update_mod, "policy_loss", spy)
     tok = char_tokenizer()
     # One mini-batch of 4 groups; prompt 1 and 2 have 1 and 2 truncated responses of 24 tokens.
     cfg = make_cfg(**{"batch.mini_batch_size": 4, "batch.micro_batch_size": 64})
@@ -327,7 +300,172 @@ def test_single_minibatch_single_epoch_warns_once(caplog: pytest.LogCaptureFixtu
     tok = char_tokenizer()
     trainer_mod._warned.discard("ratio-one")
     cfg = make_cfg(**{"batch.mini_batch_size": 4})
-    with caplog.at_level(logging.WARNING, logger="dapo_core.trainer"):
+    with caplog.at_level(logging.WARNING, logger="dapo_core.train.trainer"):
         make_trainer(cfg, ScriptedEngine(tok, correct=[[1, 2, 3, 2]]))
         make_trainer(cfg, ScriptedEngine(tok, correct=[[1, 2, 3, 2]]))
     assert caplog.text.count("importance ratio is exactly 1") == 1
+
+
+# --- packed micro-batches and the first mini-batch's old log-probs ------------------------------
+def varied_seqs(n: int = 9, seed: int = 0) -> list[Seq]:
+    """Sequences of mixed prompt (2-6) and response (1-12) lengths over the char vocabulary."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = int(torch.randint(2, 7, (), generator=gen))
+        r = int(torch.randint(1, 13, (), generator=gen))
+        ids = torch.randint(3, 40, (p + r,), generator=gen).tolist()
+        out.append(Seq(i, ids[:p], ids[p:], False, float(torch.randn((), generator=gen))))
+    return out
+
+
+def test_pack_places_every_token_and_reads_back_per_sequence() -> None:
+    seqs = varied_seqs()
+    for packed in (False, True):
+        p = pack(seqs, 0, "cpu", packed=packed)
+        rows, width = p.input_ids.shape
+        assert p.tokens == sum(s.length for s in seqs)
+        longest = max(s.length for s in seqs)
+        if packed:  # several per row, rows 1 to 2 times the longest sequence
+            assert width in (longest, longest * 3 // 2, 2 * longest) and rows < len(seqs)
+            assert rows * width < len(seqs) * longest  # fewer slots than padding
+            assert p.attention_mask is None and p.position_ids is not None
+        else:
+            assert rows == len(seqs) and p.position_ids is None
+        # The response token t of sequence i is input_ids at (its log-prob position) + 1.
+        flat = p.input_ids.reshape(-1)
+        at = p.response_index + p.response_index // (width - 1) + 1  # [R, C−1] → [R, C] next
+        assert flat[at].tolist() == [t for s in seqs for t in s.response_ids]
+        assert p.response_mask.sum() == sum(len(s.response_ids) for s in seqs)
+        # per_seq / scatter_rows: one sequence per row, the values in order.
+        values = [
+            torch.arange(len(s.response_ids), dtype=torch.float32) + i for i, s in enumerate(seqs)
+        ]
+        scattered = scatter_rows(values, p)
+        assert scattered.shape == (len(seqs), max(len(s.response_ids) for s in seqs))
+        model_layout = torch.zeros(rows * (width - 1))
+        model_layout[p.response_index] = torch.cat(values)
+        assert torch.equal(p.per_seq(model_layout.view(rows, width - 1)), scattered)
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(gather_rows(model_layout.view(rows, width - 1), p), values, strict=True)
+        )
+    # Packed positions restart at 0 with each sequence: a row reads 0..ℓ1−1, 0..ℓ2−1, ...
+    p = pack(seqs, 0, "cpu", packed=True)
+    starts = (p.position_ids == 0).sum()
+    assert starts >= len(seqs)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_packed_logprobs_and_gradients_equal_the_padded_ones(agg: str) -> None:
+    # The same sequences, one per right-padded row or several per packed row (block-diagonal
+    # attention from the restarting position ids): log-probs, entropies and the gradient of
+    # the loss agree to float32 rounding (1e-5; packed and padded shapes round differently).
+    from dapo_core.algo.losses import policy_loss
+    from dapo_core.train.policy import PolicyForward
+
+    seqs = varied_seqs(12, seed=3)
+    results = []
+    for packed in (False, True):
+        model = tiny_llama(50, seed=5)
+        fwd = PolicyForward(model, compute_dtype=torch.float32, temperature=0.8)
+        p = pack(seqs, 0, "cpu", packed=packed)
+        lp_rows, ent_rows = fwd(p)
+        lp, ent = p.per_seq(lp_rows), p.per_seq(ent_rows)
+        old = lp.detach() + 0.05 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))
+        adv = torch.tensor([s.advantage for s in seqs])
+        loss, _ = policy_loss(lp, old, adv, p.loss_mask, clip_low=0.2, clip_high=0.28, agg=agg)
+        loss.backward()
+        grads = torch.cat([q.grad.flatten() for q in model.parameters()])
+        results.append((lp.detach(), ent, grads))
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
+    assert g0.abs().sum() > 0
+    torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_that_ignores_packing_falls_back_to_padding(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A decoder that drops the position ids lets a packed sequence attend to the one before it:
+    # the probe sees its log-probs depend on the prefix and the updater pads instead.
+    from dapo_core.train.policy import PolicyForward
+
+    model = tiny_llama(50)
+    fwd = PolicyForward(model, compute_dtype=torch.float32, temperature=1.0)
+    assert fwd.packs_exactly(0, torch.device("cpu"))
+    real = model.model.forward
+
+    def ignore_positions(*args, position_ids=None, **kwargs):  # type: ignore[no-untyped-def]
+        return real(*args, **kwargs)
+
+    model.model.forward = ignore_positions
+    assert not fwd.packs_exactly(0, torch.device("cpu"))
+    tok = char_tokenizer()
+    trainer = Trainer(
+        make_cfg(),
+        model,
+        tok,
+        ScriptedEngine(tok, correct=[[1, 2, 3, 2]]),
+        PROBLEMS,
+        format_prompt=lambda p: f"{p.prompt}={p.answer}",
+    )
+    with caplog.at_level(logging.WARNING, logger="dapo_core.train.update"):
+        trainer.step()
+    assert trainer.updater._packed is False
+    assert "padding instead" in caplog.text
+
+
+def _run_update(reuse: bool, cfg: ExperimentConfig) -> tuple[Any, list[Seq], list[float]]:
+    """One `Updater.run` over a scripted batch; the old log-probs the first mini-batch's loss
+    saw against its new log-probs, the updated weights and the (row, ratio) of that loss."""
+    tok = char_tokenizer()
+    engine = ScriptedEngine(tok, correct=[[3, 1, 2, 0]], truncate=[[1, 0, 2, 1]])
+    trainer = make_trainer(cfg, engine)
+    if not reuse:
+        trainer.updater._dropout = True  # as if the model had dropout: the separate pass
+    assert trainer.updater.reuses_first_forward == reuse
+    ratios: list[float] = []
+    real = update_mod.policy_loss
+
+    def spy(lp, old, adv, mask, **kw):  # type: ignore[no-untyped-def]
+        if not ratios:  # the first mini-batch of the first epoch
+            m = mask.bool()
+            ratios.extend(torch.exp(lp.detach() - old)[m].tolist())
+        return real(lp, old, adv, mask, **kw)
+
+    update_mod.policy_loss = spy
+    try:
+        metrics = trainer.step().metrics
+    finally:
+        update_mod.policy_loss = real
+    return metrics, [p.detach().clone() for p in trainer.model.parameters()], ratios
+
+
+def test_first_minibatch_takes_old_logprobs_from_its_own_forward() -> None:
+    # Exact: with the reuse the first mini-batch's importance ratio is 1 bit for bit (θ = θ_old
+    # and the same forward), and the step's result equals the separate pass's to float32
+    # rounding (there the ratio is 1 ± about 1e-7: another forward of other shapes).
+    cfg = make_cfg(**{"algo.ppo_epochs": 2, "algo.overlong_filter": True, "optim.grad_clip": 1e9})
+    m_reuse, w_reuse, r_reuse = _run_update(True, cfg)
+    m_pass, w_pass, r_pass = _run_update(False, cfg)
+    assert r_reuse and set(r_reuse) == {1.0}
+    assert max(abs(r - 1) for r in r_pass) < 1e-5
+    for a, b in zip(w_reuse, w_pass, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for key in (M.ENTROPY_MEAN, M.POLICY_LOSS, M.GRAD_NORM, M.CLIP_RATIO_HIGH, M.APPROX_KL):
+        assert m_reuse[key] == pytest.approx(m_pass[key], rel=1e-4, abs=1e-7), key
+    assert m_reuse[M.GRAD_UPDATES] == m_pass[M.GRAD_UPDATES] == 4
+
+
+def test_no_reuse_where_the_old_logprobs_are_needed_first() -> None:
+    tok = char_tokenizer()
+    engine = ScriptedEngine(tok, correct=[[1, 2, 3, 2]])
+    assert make_trainer(make_cfg(), engine).updater.reuses_first_forward
+    for change in ({"algo.rollout_correction": "tis"}, {"algo.kl_coef": 0.1}):
+        assert not make_trainer(make_cfg(**change), engine).updater.reuses_first_forward, change
+    model = tiny_llama(len(tok))
+    model.config.attention_dropout = 0.1
+    trainer = Trainer(make_cfg(), model, tok, engine, PROBLEMS)
+    assert not trainer.updater.reuses_first_forward

@@ -1,7 +1,7 @@
 """The rollout-engine protocol: prompts in, G sampled completions per prompt out.
 
-The trainer talks only to this protocol, so `hf` (transformers generate) and `vllm` are
-interchangeable. An engine returns token ids, not only text: the trainer scores the exact tokens
+The trainer talks only to this protocol, so `hf` (our sampling loop over a transformers model)
+and `vllm` are interchangeable. An engine returns token ids, not only text: the trainer scores the exact tokens
 that were sampled and recomputes their log-probabilities under the current policy itself.
 """
 

@@ -148,9 +148,12 @@ class VLLMEngine:
 
         Newer vLLM workers offer `reload_weights` (layer by layer: each layer's weight loader,
         then its post-load processing, e.g. the CPU backend's repacking); older ones only the
-        model's own `load_weights`.
+        model's own `load_weights`. The weights are read lazily, in order, once: on N workers
+        `state_dict` gathers each parameter from the FSDP shards as it is read
+        (dapo_core.train.distributed.GatheredWeights), so only one whole parameter exists at a
+        time besides vLLM's own copy.
         """
-        items = [(name, t.detach()) for name, t in state_dict.items()]
+        items = ((name, t.detach()) for name, t in state_dict.items())
         worker = self._worker_handle()
         with torch.no_grad():
             if worker is not None and hasattr(worker, "reload_weights"):
@@ -167,6 +170,15 @@ class VLLMEngine:
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if reset is not None:
             reset()  # cached KV entries were computed with the old weights
+
+    def close(self) -> None:
+        """Shut the engine core down now rather than at interpreter exit. On N workers vLLM's
+        shutdown also destroys torch.distributed's groups (its own and the default one), so
+        it must run before the worker's teardown, not after it. Idempotent."""
+        client = _walk(self.llm, ("llm_engine", "engine_core"))
+        shutdown = getattr(client, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed_rng": self._gen.get_state()}

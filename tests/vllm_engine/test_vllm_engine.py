@@ -18,46 +18,27 @@ pytestmark = pytest.mark.vllm
 # shadow the real package as a namespace package.
 pytest.importorskip("vllm")
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from tiny_policy import char_tokenizer, forward_logprobs, tiny_llama  # noqa: E402
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from dapo_core.engines.base import SamplingParams  # noqa: E402
 from dapo_core.engines.vllm_engine import VLLMEngine  # noqa: E402
-from dapo_core.logprobs import token_logprobs_and_entropy  # noqa: E402
-
-CHARS = "0123456789+-*=?:. abcdefghijklmnopqrstuvwxyzAWS\n"
-
-
-def _tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for c in CHARS:
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
 
 
 def _model(seed: int, vocab: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
+    """Two layers, 128 wide, with a stronger EOS logit so that some samples stop before the
+    budget."""
+    model = tiny_llama(
+        vocab,
+        seed,
+        eos_bias=0.4,
         hidden_size=128,
         num_hidden_layers=2,
-        num_attention_heads=2,
         num_key_value_heads=2,
         intermediate_size=256,
         max_position_embeddings=256,
         tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=1,
-        pad_token_id=0,
     )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # a stronger EOS logit so that some samples stop before the budget
-        model.lm_head.weight[1] += 0.4 * model.model.norm.weight.sign()
     return model.eval()
 
 
@@ -65,7 +46,7 @@ def _model(seed: int, vocab: int) -> LlamaForCausalLM:
 def setup(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[VLLMEngine, LlamaForCausalLM, PreTrainedTokenizerFast, Path]:
-    tok = _tokenizer()
+    tok = char_tokenizer()
     model = _model(0, len(tok))
     path = tmp_path_factory.mktemp("vllm") / "init"
     model.save_pretrained(path)
@@ -116,15 +97,6 @@ def test_seeded_calls_repeat_and_state_round_trips(setup) -> None:
     assert first == again
 
 
-def _hf_logprobs(model: LlamaForCausalLM, prompt: list[int], resp: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + resp])
-    mask = torch.zeros_like(ids)
-    mask[0, len(prompt) :] = 1
-    with torch.no_grad():
-        lp, _ = token_logprobs_and_entropy(model, ids, torch.ones_like(ids), mask)
-    return lp[0, len(prompt) - 1 :]
-
-
 def test_load_weights_in_place_changes_the_sampling_policy(setup) -> None:
     engine, model_a, tok, _ = setup
     model_b = _model(1, len(tok))
@@ -132,15 +104,17 @@ def test_load_weights_in_place_changes_the_sampling_policy(setup) -> None:
     before = engine.generate(PROMPTS, sp)
     c = before[0]
     err_a = (
-        (_hf_logprobs(model_a, c.prompt_ids, c.token_ids) - torch.tensor(c.logprobs)).abs().max()
+        (forward_logprobs(model_a, c.prompt_ids, c.token_ids) - torch.tensor(c.logprobs))
+        .abs()
+        .max()
     )
     assert err_a < 1e-3  # vLLM's logprobs are model A's
 
     engine.load_weights(model_b.state_dict())
     after = engine.generate(PROMPTS, sp)
     for c in after:
-        ref_b = _hf_logprobs(model_b, c.prompt_ids, c.token_ids)
-        ref_a = _hf_logprobs(model_a, c.prompt_ids, c.token_ids)
+        ref_b = forward_logprobs(model_b, c.prompt_ids, c.token_ids)
+        ref_a = forward_logprobs(model_a, c.prompt_ids, c.token_ids)
         got = torch.tensor(c.logprobs)
         assert (ref_b - got).abs().max() < 1e-3
         assert (ref_a - got).abs().max() > 1e-2  # and no longer model A's

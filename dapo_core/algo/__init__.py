@@ -1,0 +1,1 @@
+"""The paper's math as pure torch functions, found by name in small registries."""

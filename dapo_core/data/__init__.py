@@ -1,0 +1,1 @@
+"""Problems: named data sets, the user's files, the embedded synthetic task."""

@@ -1,1 +1,0 @@
-"""Data sets shipped with the package (see SOURCES.md here); loaded by dapo_core.data."""

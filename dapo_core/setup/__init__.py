@@ -1,0 +1,1 @@
+"""Configuration: dataclasses, presets, the ladders of arms, memory planning."""

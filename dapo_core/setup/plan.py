@@ -1,0 +1,680 @@
+"""`dapo plan`: the GPU memory one worker of an arm needs, item by item, and whether it fits.
+
+The model of memory (per worker; P parameters, N workers, c bytes of the compute dtype:
+2 for bfloat16/float16, 4 for float32):
+
+Sharded by FSDP2 across the N workers (one worker holds 1/N; N = 1 holds all):
+- fp32 master shard           4P / N   (the optimizer's parameters, model.dtype is compute only)
+- gradients (fp32 shard)      4P / N   (reduced in float32; freed after every update)
+- AdamW states                8P / N   (exp_avg and exp_avg_sq, float32)
+- optimizer step scratch      4P / N   (torch's foreach AdamW makes one float32 copy, √v, per step)
+With `model.cpu_offload` (N > 1 only) the first three live in host memory and the step runs there.
+Before activations that is 16 bytes per parameter: 7.6B parameters → 122 GB, so one 80 GB GPU
+cannot hold a 7B model's training state and eight can (15 GB each).
+
+Not sharded (every worker holds its own):
+- compute-dtype weights: N = 1 runs forward and backward under autocast, which keeps a c-byte copy
+  of every decoder Linear weight alive until its backward (c · layer params). N > 1: FSDP2 with
+  `MixedPrecisionPolicy(param_dtype=c)`, one unit per decoder layer plus the root (embedding, final
+  norm, LM head; dapo_core.train.distributed.shard_policy): the root's unsharded weights stay
+  gathered through forward and backward, two layers at a time (the current one and the prefetched).
+- gradient buffers (N > 1): a layer's unsharded gradient in c bytes plus its float32 copy for the
+  reduce-scatter, and the LM head's gradient, which the root unit reduces only at the end.
+- activations of one micro-batch (`batch.micro_batch_size` sequences of max_prompt_len +
+  max_response_len tokens, the worst case): counted tensor by tensor from what autograd saves in
+  a Llama/Qwen2 decoder layer (see `layer_activation_bytes`); with gradient checkpointing only each
+  layer's input is kept and one layer is recomputed at a time.
+- the log-prob head (dapo_core.train.logprobs): the response positions' hidden states, and the
+  larger of its forward scratch (two chunks of about 2^24 float32 logits) and its backward's (a
+  chunk, the float32 weight-gradient sum over V × H and one chunk's product). That scratch is freed
+  before the first layer's backward, so of a layer's backward only the excess over it is added.
+- the rollout engine. vLLM (colocated, one engine per worker, no tensor parallelism): its
+  `rollout.gpu_memory_utilization` share of the GPU is RESERVED for the whole run: vLLM allocates
+  it when it starts (the engine never sleeps), and it holds the compute-dtype weights (cP, not
+  sharded), its own non-KV overhead, and the KV cache in the rest. Training must fit in what is left,
+  and the KV cache must hold at least one full-length sequence or vLLM refuses to start. The hf
+  engine (our sampling loop over the transformers model) samples with the training model; its KV
+  cache and one step's logits exist only while it generates, when activations do not; on N > 1
+  it samples with an unsharded c-byte copy.
+- N > 1: after each update the weights reach the engine gathered one parameter at a time (the
+  largest parameter, in the compute dtype, is the buffer); every worker first loads the whole
+  fp32 model in host memory (4P) to shard it.
+- CUDA context and workspaces (1 GiB) and allocator fragmentation (10% of the update's working set).
+
+Phases: the peak is the resident items (masters, AdamW states, the engine's share, context) plus
+the largest of: the update (weights, gradients, activations, head), the optimizer step (gradients,
+scratch), the rollout (hf KV cache) and the weight sync. Gradient accumulation over several micro-batches makes the
+update's peak real: the second micro-batch runs with every gradient already allocated.
+
+Pure arithmetic: no torch, no GPU. `check_fits` is what training entry points call before a GPU run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from dapo_core.setup.architectures import Architecture, resolve_architecture
+from dapo_core.setup.config import ExperimentConfig
+
+GIB = 1 << 30
+DEFAULT_GPU_GIB = 79.0
+"""An 80 GB A100/H100 as torch.cuda reports its total memory, rounded down."""
+GPU_SIZES: tuple[tuple[str, float], ...] = (("80 GB A100/H100", 79.0), ("141 GB H200", 139.0))
+"""Sizes the advice may name when no worker count fits the GPU asked about."""
+MAX_WORKERS = 1024
+
+CUDA_CONTEXT_GIB = 1.0
+"""Per GPU process: CUDA context, cuBLAS and NCCL workspaces (an estimate)."""
+FRAGMENTATION = 0.10
+"""The caching allocator's waste on the update's changing tensor sizes (an estimate)."""
+VLLM_OVERHEAD_GIB = 2.0
+"""vLLM's share that is not KV cache or weights: its profiling run's activations, CUDA graphs,
+sampler buffers (an estimate)."""
+CHUNK_LOGITS = 1 << 24
+"""dapo_core.train.logprobs.CHUNK_LOGITS (a test keeps the two equal)."""
+HF_MAX_BATCH_SEQS = 512
+"""HFEngine's default max_batch_seqs: sequences per generate call (a test keeps them equal)."""
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class PlanError(ValueError):
+    """A configuration that cannot fit the GPUs granted; the message is the plan's advice."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the plan: bytes per worker, when they are held, and where."""
+
+    key: str
+    label: str
+    nbytes: float
+    phases: tuple[str, ...]
+    """`resident` (the whole run), `startup` (host, while loading) or some of `update`, `step`,
+    `rollout`, `sync` (held only then)."""
+    sharded: bool = False
+    on_host: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: Architecture
+    workers: int
+    gpu_bytes: float
+    device: str
+    regime: str
+    """`fp32`, `autocast` (one worker: fp32 masters, autocast) or `fsdp` (FSDP2 mixed precision)."""
+    items: tuple[Item, ...]
+    activations: Activations
+    activations_other: Activations
+    """The same micro-batch with gradient checkpointing the other way round."""
+    checkpointing: bool
+    engine: str
+    kv_tokens: float = 0.0
+    """vLLM: tokens its KV cache holds (0 for the hf engine)."""
+    seq_len: int = 0
+    problems: tuple[str, ...] = field(default=())
+    """Why it does not fit (empty when it does)."""
+
+    @property
+    def gpu_items(self) -> tuple[Item, ...]:
+        return tuple(i for i in self.items if not i.on_host)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Resident items plus the largest phase (update, step, rollout or sync), GPU only."""
+        resident = sum(i.nbytes for i in self.gpu_items if "resident" in i.phases)
+        phases = [
+            sum(i.nbytes for i in self.gpu_items if p in i.phases)
+            for p in ("update", "step", "rollout", "sync")
+        ]
+        return resident + max(phases)
+
+    @property
+    def training_bytes(self) -> float:
+        """The peak without the engine and the GPU runtime: what a CPU process measures."""
+        skip = {"engine", "context", "fragmentation", "kv_hf"}
+        kept = [i for i in self.gpu_items if i.key not in skip]
+        resident = sum(i.nbytes for i in kept if "resident" in i.phases)
+        return resident + max(
+            sum(i.nbytes for i in kept if p in i.phases) for p in ("update", "step")
+        )
+
+    @property
+    def host_bytes(self) -> float:
+        """Host memory per worker: the offloaded shards, or the whole model while loading."""
+        host = [i for i in self.items if i.on_host]
+        loading = sum(i.nbytes for i in host if "startup" in i.phases)
+        return max(loading, sum(i.nbytes for i in host if "startup" not in i.phases))
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def item(self, key: str) -> Item:
+        for i in self.items:
+            if i.key == key:
+                return i
+        raise KeyError(key)
+
+    def biggest(self, k: int = 3) -> list[Item]:
+        return sorted(self.gpu_items, key=lambda i: -i.nbytes)[:k]
+
+
+# --- activations --------------------------------------------------------------------------------
+def regime(dtype: str, workers: int) -> str:
+    if DTYPE_BYTES[dtype] == 4:
+        return "fp32"
+    return "autocast" if workers == 1 else "fsdp"
+
+
+def layer_activation_bytes(
+    a: Architecture, regime_: str, c: int, padded: bool, seq_len: int
+) -> int:
+    """Bytes autograd saves per token in one decoder layer (transformers' Llama/Qwen2 with SDPA).
+
+    Checked against `torch.autograd.graph.saved_tensors_hooks` on transformers 5.19 (H hidden,
+    I intermediate, q = heads·head_dim, kv as repeated below):
+    - two RMSNorms, each: its float32 input and x·rsqrt(var) (fsdp: the float32 upcast 4H and the
+      normalised value cast back, cH);
+    - the Linear inputs: the norm's output, shared by q/k/v and by gate/up (4H each in fp32, cH in
+      fsdp) — but autocast casts it once per Linear: 5 copies of cH (q, k, v, gate, up);
+    - attention: q, k, v and the output (c bytes each) and a float32 logsumexp per head; with a
+      padding mask transformers repeats k and v to every head and SDPA converts the [b, 1, T, T]
+      mask to a float copy per layer (c·T per token); without one (a micro-batch of one sequence)
+      k and v stay at kv_heads (GQA in SDPA) and there is no mask;
+    - the SwiGLU MLP: gate, up, silu(gate) and their product, cI each.
+    """
+    H, I = a.hidden, a.intermediate
+    kv = a.q_dim if padded else a.kv_dim
+    if regime_ == "fsdp":
+        norms = 2 * (4 * H + c * H)
+        inputs = 2 * c * H
+    elif regime_ == "autocast":
+        norms = 2 * (4 * H + 4 * H)
+        inputs = 5 * c * H
+    else:
+        norms = 2 * (4 * H + 4 * H)
+        inputs = 2 * 4 * H
+    attention = c * (2 * a.q_dim + 2 * kv) + 4 * a.heads + (c * seq_len if padded else 0)
+    mlp = 4 * c * I
+    return norms + inputs + attention + mlp
+
+
+@dataclass(frozen=True)
+class Activations:
+    """One micro-batch's activation memory, in the pieces that are held at different times.
+
+    The update's peak is `saved + head_saved + max(head_transient, layer_backward)`: the head's
+    forward/backward scratch is freed before the first decoder layer's backward starts.
+    """
+
+    saved: float
+    """Saved by the decoder for backward: every layer's tensors, or with gradient checkpointing
+    only each layer's input; plus the final norm's."""
+    layer_backward: float
+    """A layer's backward in flight: its gradients (and, checkpointed, its recomputed tensors)."""
+    head_saved: float
+    """The response positions' final hidden states, saved by the chunked head."""
+    head_transient: float
+    """The head's larger scratch: forward (two chunks of logits) or backward (a chunk, the V × H
+    weight-gradient accumulator and product, the hidden states' gradients)."""
+
+    @property
+    def decoder(self) -> float:
+        """The decoder's own footprint (saved + a layer's backward): the with/without figure."""
+        return self.saved + self.layer_backward
+
+    @property
+    def peak(self) -> float:
+        return self.saved + self.head_saved + max(self.head_transient, self.layer_backward)
+
+
+def activations(
+    a: Architecture,
+    regime_: str,
+    c: int,
+    seqs: int,
+    seq_len: int,
+    response_len: int,
+    checkpointing: bool,
+) -> Activations:
+    """Activations of one micro-batch: `seqs` sequences of `seq_len` tokens (the worst case: every
+    sequence at the full budget, one of them a token shorter so the micro-batch is padded)."""
+    n = seqs * seq_len
+    n_resp = seqs * response_len
+    padded = seqs > 1
+    r = c if regime_ == "fsdp" else 4  # the residual stream: float32 unless FSDP casts the weights
+    per_layer = layer_activation_bytes(a, regime_, c, padded, seq_len)
+    # Outside the layers: input ids (int64), the final RMSNorm (its float32 input and normalised
+    # value), the boolean [b, 1, T, T] mask transformers builds once for a padded micro-batch.
+    yb = c if regime_ == "fsdp" else 4
+    base = n * (8 + 4 * a.hidden + yb * a.hidden + (seq_len if padded else 0))
+    # A layer's backward: the gradients flowing through it (the MLP's three cI-wide ones at once,
+    # two of the residual stream's), and its largest Linear's weight gradient before it is added
+    # into the float32 .grad (autocast: computed in c bytes, then cast; fsdp: the buffers item).
+    big_linear = a.hidden * a.intermediate
+    workspace = n * (3 * c * a.intermediate + 2 * r * a.hidden)
+    workspace += {"autocast": (c + 4) * big_linear, "fp32": 4 * big_linear}.get(regime_, 0)
+    if checkpointing:
+        saved = n * a.layers * r * a.hidden + base  # each layer keeps its input
+        layer_backward = n * per_layer + workspace  # backward recomputes one layer at a time
+    else:
+        saved = n * a.layers * per_layer + base
+        layer_backward = workspace
+
+    # The chunked head (dapo_core.train.logprobs). Hidden states reach it in float32 unless FSDP
+    # casts the weights; the weight it sees is the float32 master on one worker.
+    zb = wb = c if regime_ == "fsdp" else 4
+    chunk = min(n_resp, max(16, min(4096, CHUNK_LOGITS // max(a.vocab, 1))))
+    vh = a.vocab * a.hidden
+    logits = chunk * a.vocab
+    # Forward: the chunk's float32 logits, turned into log p in place, and exp(log p) for the
+    # entropy. Under autocast the matmul first casts the head weight (for each chunk: a view is
+    # not cached) and returns c-byte logits; both are freed before exp(log p) is made.
+    forward = max(8 * logits, (c * vh + c * logits) if regime_ == "autocast" else 0)
+    # Backward: the chunk's log p, reused in place for the gradient (plus its cast to the weight's
+    # dtype), the float32 weight-gradient sum and one chunk's product (V × H in the weight's dtype,
+    # and its float32 copy when that is not float32), and the hidden states' gradient (at the
+    # response positions, then scattered back into [b, T, H] twice).
+    backward = (
+        4 * logits
+        + (wb * logits if wb != 4 else 0)
+        + 4 * vh
+        + wb * vh
+        + (4 * vh if wb != 4 else 0)
+        + zb * a.hidden * (n_resp + 2 * n)
+    )
+    return Activations(
+        saved=saved,
+        layer_backward=layer_backward,
+        head_saved=n_resp * a.hidden * zb,
+        head_transient=max(forward, backward),
+    )
+
+
+# --- the plan -------------------------------------------------------------------------------------
+def plan_memory(
+    cfg: ExperimentConfig,
+    workers: int = 1,
+    gpu_memory_gib: float = DEFAULT_GPU_GIB,
+    *,
+    device: str = "cuda",
+    arch: Architecture | None = None,
+) -> Plan:
+    """The per-worker memory plan of `cfg` on `workers` GPUs of `gpu_memory_gib` GiB.
+
+    `device="cpu"` plans one CPU process (no CUDA context, AdamW's per-tensor step): what the
+    tests measure. `arch` skips the look-up (the worker-count search passes it).
+    """
+    if workers < 1:
+        raise ValueError(f"workers={workers}: need at least 1")
+    if not gpu_memory_gib > 0:
+        raise ValueError(f"gpu memory {gpu_memory_gib} GiB: must be > 0")
+    a = arch or resolve_architecture(cfg.model)
+    N = workers
+    c = DTYPE_BYTES[cfg.model.dtype]
+    reg = regime(cfg.model.dtype, N)
+    P = a.params
+    seqs = cfg.batch.micro_batch_size
+    seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    offload = cfg.model.cpu_offload and N > 1
+    gpu = gpu_memory_gib * GIB
+    items: list[Item] = []
+    sh = f" ÷ {N}" if N > 1 else ""
+
+    # Compute-dtype weights.
+    if N == 1 and reg == "fp32":
+        weights, wnote = 0.0, "the fp32 masters are the compute weights"
+    elif N == 1:
+        weights = c * a.layers * (a.layer_params - 2 * a.hidden)
+        wnote = f"autocast's {c}-byte copies of the decoder's Linear weights"
+    else:
+        cw = c if reg == "fsdp" else 4
+        weights = cw * (a.root_params + 2 * a.layer_params)
+        wnote = "FSDP2 units gathered: root (embedding, norm, head) + 2 decoder layers"
+    items.append(Item("weights", f"{cfg.model.dtype} weights", weights, ("update",), detail=wnote))
+
+    items.append(
+        Item(
+            "masters",
+            "fp32 master shard",
+            4 * P / N,
+            ("resident",),
+            sharded=True,
+            on_host=offload,
+            detail=f"4 B × {_count(P)} params{sh}",
+        )
+    )
+    items.append(
+        Item(
+            "grads",
+            "gradients (fp32)",
+            4 * P / N,
+            ("update", "step"),
+            sharded=True,
+            on_host=offload,
+            detail=f"4 B/param{sh}; freed after each update",
+        )
+    )
+    if N > 1:
+        cw = c if reg == "fsdp" else 4
+        buffers = (cw + (4 if cw != 4 else 0)) * a.layer_params + cw * a.vocab * a.hidden
+        items.append(
+            Item(
+                "grad_buffers",
+                "gradient buffers (unsharded)",
+                buffers,
+                ("update",),
+                detail="one layer's gradient + its fp32 copy for reduce-scatter, the LM head's",
+            )
+        )
+    items.append(
+        Item(
+            "adam",
+            "AdamW states (fp32)",
+            8 * P / N,
+            ("resident",),
+            sharded=True,
+            on_host=offload,
+            detail=f"exp_avg + exp_avg_sq, 8 B/param{sh}",
+        )
+    )
+    if cfg.algo.kl_coef > 0:
+        items.append(
+            Item(
+                "ref",
+                "reference model (fp32)",
+                4 * P / N,
+                ("resident",),
+                sharded=True,
+                detail="algo.kl_coef > 0 keeps a frozen copy",
+            )
+        )
+
+    acts = {
+        ck: activations(a, reg, c, seqs, seq_len, cfg.rollout.max_response_len, checkpointing=ck)
+        for ck in (False, True)
+    }
+    use_ckpt = cfg.model.gradient_checkpointing
+    act = acts[use_ckpt]
+    items.append(
+        Item(
+            "activations",
+            "activations, one micro-batch",
+            act.saved,
+            ("update",),
+            detail=f"{seqs} × {seq_len} tokens saved for backward, gradient checkpointing "
+            + ("on" if use_ckpt else "off")
+            + f" (decoder with a layer's backward — on: {_g(acts[True].decoder)} GiB, "
+            f"off: {_g(acts[False].decoder)} GiB)",
+        )
+    )
+    chunk = min(
+        seqs * cfg.rollout.max_response_len, max(16, min(4096, CHUNK_LOGITS // max(a.vocab, 1)))
+    )
+    items.append(
+        Item(
+            "head",
+            "log-prob head (chunked)",
+            act.head_saved + act.head_transient,
+            ("update",),
+            detail=f"chunks of {chunk} tokens × {a.vocab} logits; V × H fp32 weight-gradient sum",
+        )
+    )
+    items.append(
+        Item(
+            "backward",
+            "layer backward, beyond the head",
+            max(0.0, act.layer_backward - act.head_transient),
+            ("update",),
+            detail=f"{_g(act.layer_backward)} GiB in flight"
+            + (" with its recomputed tensors" if use_ckpt else "")
+            + ", after the head's scratch is freed: only the excess counts",
+        )
+    )
+    if offload:
+        scratch, snote = 0.0, "the step runs on the host (cpu_offload)"
+    elif device == "cuda":
+        scratch, snote = 4 * P / N, f"foreach AdamW's fp32 √v copy{sh}"
+    else:
+        # torch picks the per-tensor AdamW on CPU: √v and its division for one tensor at a time.
+        largest = max(a.embedding_params, a.hidden * a.intermediate)
+        scratch, snote = 8 * largest, "per-tensor AdamW: two temporaries of the largest tensor"
+    items.append(
+        Item(
+            "step",
+            "optimizer step scratch",
+            scratch,
+            ("step",),
+            sharded=device == "cuda",
+            detail=snote,
+        )
+    )
+
+    # The rollout engine.
+    kv_tokens = 0.0
+    problems: list[str] = []
+    if cfg.rollout.engine == "vllm":
+        ce = c
+        share = cfg.rollout.gpu_memory_utilization * gpu
+        eweights = ce * P
+        kv = share - eweights - VLLM_OVERHEAD_GIB * GIB
+        kv_tokens = max(kv, 0.0) / (ce * a.kv_bytes_per_token)
+        items.append(
+            Item(
+                "engine",
+                "vLLM engine share (reserved)",
+                share,
+                ("resident",),
+                detail=f"{cfg.rollout.gpu_memory_utilization:g} × {gpu_memory_gib:g} GiB: weights "
+                f"{_g(eweights)}, overhead {VLLM_OVERHEAD_GIB:g}, KV cache {_g(max(kv, 0))} GiB = "
+                f"{kv_tokens / 1e3:.0f}k tokens = {kv_tokens / seq_len:.1f} sequences of {seq_len}",
+            )
+        )
+        if kv_tokens < seq_len:
+            need = (eweights + VLLM_OVERHEAD_GIB * GIB + seq_len * ce * a.kv_bytes_per_token) / gpu
+            problems.append(
+                f"the vLLM engine's {_g(share)} GiB share cannot hold its {_g(eweights)} GiB of "
+                f"weights and one {seq_len}-token sequence: rollout.gpu_memory_utilization >= "
+                f"{math.ceil(need * 100) / 100:.2f} needed"
+            )
+    else:
+        per_call = max(1, HF_MAX_BATCH_SEQS // cfg.rollout.group_size)
+        prompts = min(per_call, math.ceil(cfg.batch.gen_batch_size / N))
+        kvb = 4 if N == 1 else c  # one worker samples with its fp32 masters
+        kv = prompts * cfg.rollout.group_size * seq_len * a.kv_bytes_per_token * kvb
+        # The sampling loop holds one decode step's float32 logits at a time, [rows, V].
+        logits = prompts * cfg.rollout.group_size * a.vocab * 4
+        if N > 1:
+            items.append(
+                Item(
+                    "rollout_copy",
+                    "hf engine's rollout copy",
+                    c * P,
+                    ("resident",),
+                    detail=f"an unsharded {cfg.model.dtype} copy of the policy to sample with",
+                )
+            )
+        items.append(
+            Item(
+                "kv_hf",
+                "hf engine's KV cache",
+                kv + logits,
+                ("rollout",),
+                detail=f"{prompts * cfg.rollout.group_size} sequences × {seq_len} tokens + one "
+                "step's logits",
+            )
+        )
+
+    if N > 1:
+        # After each update every parameter is gathered in the compute dtype, one at a time, as
+        # the engine reads it (distributed.push_weights); the largest is the embedding.
+        items.append(
+            Item(
+                "sync",
+                "weight sync to the engine",
+                c * max(a.embedding_params, a.hidden * a.intermediate),
+                ("sync",),
+                detail="the parameter being gathered (the largest: the embedding or an MLP)",
+            )
+        )
+        items.append(
+            Item(
+                "load",
+                "whole fp32 model while loading",
+                4 * P,
+                ("startup",),
+                on_host=True,
+                detail="each worker loads the policy whole in host memory before sharding it",
+            )
+        )
+    if device == "cuda":
+        items.append(
+            Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",))
+        )
+        update = sum(i.nbytes for i in items if "update" in i.phases and not i.on_host)
+        items.append(
+            Item(
+                "fragmentation",
+                "allocator fragmentation",
+                FRAGMENTATION * update,
+                ("resident",),
+                detail=f"{FRAGMENTATION:.0%} of the update's working set",
+            )
+        )
+
+    plan = Plan(
+        arch=a,
+        workers=N,
+        gpu_bytes=gpu,
+        device=device,
+        regime=reg,
+        items=tuple(items),
+        activations=act,
+        activations_other=acts[not use_ckpt],
+        checkpointing=use_ckpt,
+        engine=cfg.rollout.engine,
+        kv_tokens=kv_tokens,
+        seq_len=seq_len,
+    )
+    if plan.peak_bytes > gpu:
+        problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB per worker")
+    return dataclasses.replace(plan, problems=tuple(problems))
+
+
+def min_workers(
+    cfg: ExperimentConfig,
+    gpu_memory_gib: float,
+    *,
+    arch: Architecture | None = None,
+    start: int = 1,
+) -> int | None:
+    """The fewest workers (from `start`) whose plan fits, or None when no count up to
+    MAX_WORKERS does (per-worker items alone exceed the GPU)."""
+    a = arch or resolve_architecture(cfg.model)
+    for n in range(start, MAX_WORKERS + 1):
+        if plan_memory(cfg, n, gpu_memory_gib, arch=a).fits:
+            return n
+    return None
+
+
+def advice(plan: Plan, cfg: ExperimentConfig) -> str:
+    """One line: `fits: ...` or `does not fit: needs at least K workers of G GiB (...)`."""
+    gib = plan.gpu_bytes / GIB
+    if plan.fits:
+        return f"fits: {_g(plan.peak_bytes)} of {gib:g} GiB per worker, {plan.workers} worker" + (
+            "s" if plan.workers > 1 else ""
+        )
+    biggest = ", ".join(f"{i.label} {_g(i.nbytes)}" for i in plan.biggest(3))
+    k = min_workers(cfg, gib, arch=plan.arch, start=plan.workers)
+    if k is not None:
+        return f"does not fit: needs at least {k} workers of {gib:g} GiB (biggest items, GiB: {biggest})"
+    for label, size in GPU_SIZES:
+        if size > gib:
+            k = min_workers(cfg, size, arch=plan.arch)
+            if k is not None:
+                return (
+                    f"does not fit: needs at least {k} workers of {size:g} GiB ({label}); no worker "
+                    f"count fits {gib:g} GiB: {plan.problems[-1]} (biggest items, GiB: {biggest})"
+                )
+    hint = "" if cfg.model.gradient_checkpointing else "; try model.gradient_checkpointing=true"
+    return (
+        f"does not fit on any number of workers of {gib:g} GiB: {plan.problems[-1]} "
+        f"(biggest items, GiB: {biggest}){hint}"
+    )
+
+
+def check_fits(
+    cfg: ExperimentConfig, workers: int = 1, gpu_memory_gib: float | None = None
+) -> Plan | None:
+    """Before a GPU run: the plan, or PlanError with the plan's advice in one line.
+
+    Returns None (no check) when the run does not target CUDA: `run.device` cpu, or auto on a
+    machine without a GPU. `gpu_memory_gib` None reads the first GPU's total memory.
+    """
+    if cfg.run.device == "cpu":
+        return None
+    if gpu_memory_gib is None:
+        gpu_memory_gib = _cuda_memory_gib()
+        if gpu_memory_gib is None:
+            return None  # auto without a GPU: the run goes to the CPU
+    plan = plan_memory(cfg, workers, gpu_memory_gib)
+    if not plan.fits:
+        raise PlanError(f"{cfg.preset}/{cfg.arm} on {workers} worker(s): " + advice(plan, cfg))
+    return plan
+
+
+def _cuda_memory_gib() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+# --- output -------------------------------------------------------------------------------------
+def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
+    a = plan.arch
+    lines = [
+        f"plan: preset {cfg.preset}, arm {cfg.arm}: {a.name} ({_count(a.params)} parameters; "
+        f"{a.layers} layers, hidden {a.hidden}, MLP {a.intermediate}, heads {a.heads}/{a.kv_heads} "
+        f"kv, vocab {a.vocab}{', tied' if a.tie_embeddings else ''}; from {a.source})",
+        f"per worker of {plan.workers} on {plan.gpu_bytes / GIB:g} GiB GPUs ({plan.device}); "
+        f"compute {cfg.model.dtype}, fp32 masters, {_regime_text(plan.regime)}; micro-batch "
+        f"{cfg.batch.micro_batch_size} × {plan.seq_len} tokens",
+        "",
+        f"  {'item':<31} {'GiB':>8}  {'held':<13} notes",
+    ]
+    for i in plan.items:
+        where = "host" if i.on_host else "/".join(i.phases)
+        mark = " (sharded)" if i.sharded and plan.workers > 1 else ""
+        lines.append(f"  {i.label:<31} {_g(i.nbytes):>8}  {where:<13} {i.detail}{mark}")
+    lines.append(
+        f"  {'peak per worker':<31} {_g(plan.peak_bytes):>8}  of {plan.gpu_bytes / GIB:g} GiB "
+        "(resident + the largest phase: update, step, rollout, sync)"
+    )
+    if plan.host_bytes:
+        lines.append(f"  {'host memory per worker':<31} {_g(plan.host_bytes):>8}")
+    lines.append("")
+    lines.append(advice(plan, cfg))
+    return "\n".join(lines)
+
+
+def _regime_text(reg: str) -> str:
+    return {
+        "fp32": "float32 throughout",
+        "autocast": "one worker: autocast",
+        "fsdp": "FSDP2 mixed precision",
+    }[reg]
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _g(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f}"

@@ -1,0 +1,1 @@
+"""The trainer and what it needs: rollout, batching, the update, checkpoints, sinks."""

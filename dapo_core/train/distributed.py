@@ -1,0 +1,640 @@
+"""One arm on N workers: torch.distributed, FSDP2, a rollout engine per worker, sharded checkpoints.
+
+Every rank runs `train_worker`, which is `runner.train` with these differences:
+
+    init_distributed    torch.distributed's default group: gloo on CPU, NCCL on GPU
+    load the policy     float32 and whole, in host memory (from the checkpoint when resuming)
+    rollout copy        an unsharded copy in the compute dtype for this rank's engine (hf); the
+                        engine's random stream is seeded per rank, so ranks sample differently
+    shard_policy        FSDP2: fully_shard per decoder layer, then the LogprobModel root, with
+                        MixedPrecisionPolicy(param_dtype=compute dtype, reduce_dtype=float32):
+                        float32 masters and optimizer states, low-precision forward/backward,
+                        float32 gradient reduction; CPU offload optional (model.cpu_offload)
+    Trainer.step()      the same Algorithm 1: each rank generates whole groups for its share of
+                        the prompts, the groups are gathered so every rank holds the global batch
+                        and takes the same dynamic-sampling decisions; each mini-batch is split
+                        by sequences with global normalisers (update.py)
+    push_weights        after each update, every parameter is gathered in the compute dtype, one
+                        at a time, as the engine's load_weights reads it (GatheredWeights)
+    checkpoints         sharded (checkpoint.save_sharded_checkpoint), resharded on resume
+
+Only rank 0 writes metrics (through the sink its factory makes); the other metrics are already
+global (every rank holds the same batch, update counts are all-reduced), plus each rank's own
+`time/rank<r>/...` timings.
+
+`launch_local` starts N such processes on this machine (`dapo train --workers N`); the flows
+start them as Ray actors. `train_worker`'s arguments are plain picklable values, so an actor can
+receive them: the sink is made inside the worker by `sink_factory`.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from dapo_core.engines.base import RolloutEngine
+from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.collective import Collective, TorchCollective, full_tensor
+from dapo_core.train.policy import LogprobModel, compute_dtype
+from dapo_core.train.protocols import MetricsSink
+from dapo_core.train.runner import TrainResult
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""How long a collective waits for a missing rank before the job fails (torch's default)."""
+VLLM_INIT_DIR = ".vllm-init"
+
+
+def check_workers(cfg: ExperimentConfig, workers: int) -> None:
+    """Refuse, before anything starts, what N workers cannot run (one line each)."""
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: need at least 1 worker")
+    if workers > 1 and cfg.algo.kl_coef > 0:
+        raise ValueError(
+            f"algo.kl_coef={cfg.algo.kl_coef}: the KL penalty's reference model is not supported "
+            "on several workers yet; use --workers 1 or algo.kl_coef=0 (DAPO drops the KL term)"
+        )
+
+
+def engine_seed(seed: int, rank: int, step: int = 0) -> int:
+    """Each rank's engine stream: rank 0 of a fresh run draws exactly one worker's stream; a
+    rank that resumes without a saved stream of its own (more workers than wrote the
+    checkpoint) starts a new one that depends on the step, so no step's samples repeat."""
+    return seed + 1_000_003 * rank + 7_919 * step
+
+
+# --- process group ------------------------------------------------------------------------------
+def init_distributed(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    *,
+    device: str,
+    local_rank: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> torch.device:
+    """Join the default process group; returns this rank's compute device.
+
+    `device` is run.device resolved (`cpu` or `cuda`): gloo on CPU, NCCL on GPU, where this rank
+    uses GPU `local_rank` (default: rank modulo the GPUs it sees; a Ray actor sees its one)."""
+    import torch.distributed as dist
+
+    if device == "cuda":
+        index = rank % torch.cuda.device_count() if local_rank is None else local_rank
+        compute = torch.device("cuda", index)
+        torch.cuda.set_device(compute)
+        backend = "nccl"
+    else:
+        compute, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return compute
+
+
+# --- the policy on N workers ------------------------------------------------------------------
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a causal LM (HF: model.model.layers; GPT-2: transformer.h)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    body = get_decoder() if callable(get_decoder) else model
+    for attr in ("layers", "h", "blocks"):
+        blocks = getattr(body, attr, None)
+        if isinstance(blocks, nn.ModuleList) and len(blocks):
+            return list(blocks)
+    raise ValueError(f"{type(model).__name__}: no decoder layers found to shard with FSDP2")
+
+
+def shard_policy(
+    model: nn.Module,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    cpu_offload: bool = False,
+    group: Any | None = None,
+) -> LogprobModel:
+    """FSDP2 over the policy: each decoder layer is one unit (gathered for its forward and
+    backward, then freed), the root LogprobModel holds the rest (embeddings, final norm, head).
+
+    Parameters stay float32 shards (the masters the optimizer updates); FSDP casts the gathered
+    ones to `dtype` for compute and reduces gradients in float32. With cpu_offload the shards
+    and their optimizer states live in host memory and are copied to `device` when gathered.
+    The shards spread over `group` (default: every rank of the default group).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if group is None:
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    else:
+        mesh = DeviceMesh.from_group(group, device.type)
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
+    }
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    root = LogprobModel(model)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **options)
+    fully_shard(root, **options)
+    return root
+
+
+def rollout_copy(model: nn.Module, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    """An unsharded copy of `model` for this rank's engine: parameters cast to `dtype` one at
+    a time (never a second float32 model), buffers (rotary tables) copied as they are, ties
+    between parameters kept (deepcopy's memo maps each parameter to its cast copy)."""
+    memo: dict[int, Any] = {
+        id(p): nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False)
+        for p in model.parameters()
+    }
+    out: Any = copy.deepcopy(model, memo)
+    if getattr(out, "is_gradient_checkpointing", False):
+        out.gradient_checkpointing_disable()
+    return out.to(device).eval()  # type: ignore[no-any-return]
+
+
+class GatheredWeights(Mapping[str, torch.Tensor]):
+    """The policy's parameters, each whole and cast to `dtype` when it is read: a Mapping an
+    engine's load_weights consumes like a state dict, one parameter in memory at a time.
+
+    Reading a value is a collective (an all-gather over the ranks): every rank must read the
+    same names in the same order, once, as load_weights does by iterating items(). Names are
+    the causal LM's own (tied parameters once, as named_parameters gives them)."""
+
+    def __init__(self, policy: nn.Module, *, dtype: torch.dtype, device: torch.device) -> None:
+        self._params = dict(policy.named_parameters())
+        self.dtype, self.device = dtype, device
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return full_tensor(self._params[name], dtype=self.dtype, device=self.device)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+
+def push_weights(
+    policy: nn.Module, engine: RolloutEngine, *, dtype: torch.dtype, device: torch.device
+) -> None:
+    """Hand `engine` the policy's current weights (a collective: every rank calls it), gathered
+    parameter by parameter: a rank never holds a whole copy of the model beyond its engine's
+    own, and the float32 masters are never gathered (each shard is cast before the gather)."""
+    engine.load_weights(GatheredWeights(policy, dtype=dtype, device=device))
+
+
+# --- one worker of N --------------------------------------------------------------------------
+def train_worker(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    config: ExperimentConfig | Mapping[str, Any],
+    out_dir: str | Path,
+    sink_factory: Callable[[], MetricsSink] | None = None,
+    owner: Mapping[str, Any] | None = None,
+    *,
+    resume: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    local_rank: int | None = None,
+    num_threads: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> TrainResult:
+    """Rank `rank` of a `world_size`-worker training job of one arm; every rank calls it with
+    the same arguments but its rank, and every rank returns the same TrainResult.
+
+    Args:
+        init_method: torch.distributed rendezvous, e.g. `tcp://<rank 0's address>:<free port>`.
+        config: the experiment config (or its to_dict(), as a Ray actor receives it).
+        out_dir: the run directory, on storage every rank sees (checkpoints are written by all).
+        sink_factory: called on rank 0 only, in the worker, to make the metrics sink (closed at
+            the end); None logs nothing.
+        owner: the job that owns out_dir (run_dir.claim); None: `dapo train`'s default.
+        progress: called on rank 0 after each step (the dict `runner.train` reports).
+        local_rank: the GPU index on this host (default: rank modulo the visible GPUs).
+        num_threads: torch CPU threads of this worker (default: run.num_threads or torch's).
+        timeout_s: how long a collective waits for a missing rank before failing.
+    """
+    import torch.distributed as dist
+
+    from dapo_core.train.runner import setup_torch
+
+    cfg = (
+        config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
+    )
+    check_workers(cfg, world_size)
+    t_start = time.perf_counter()
+    device_name = setup_torch(cfg)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    device = init_distributed(
+        rank,
+        world_size,
+        init_method,
+        device=device_name,
+        local_rank=local_rank,
+        timeout_s=timeout_s,
+    )
+    try:
+        return _train_rank(
+            cfg,
+            Path(out_dir),
+            TorchCollective(),
+            device,
+            sink_factory=sink_factory,
+            owner=owner,
+            resume=resume,
+            progress=progress,
+            t_start=t_start,
+        )
+    finally:
+        if dist.is_initialized():  # an engine's shutdown may have destroyed it already (vllm)
+            dist.destroy_process_group()
+
+
+def _train_rank(
+    cfg: ExperimentConfig,
+    out_dir: Path,
+    coll: Collective,
+    device: torch.device,
+    *,
+    sink_factory: Callable[[], MetricsSink] | None,
+    owner: Mapping[str, Any] | None,
+    resume: bool,
+    progress: Callable[[dict[str, Any]], None] | None,
+    t_start: float,
+) -> TrainResult:
+    from dapo_core.data.loaders import load_problems
+    from dapo_core.models import TINY, tiny_model_dir
+    from dapo_core.train.checkpoint import (
+        checkpoint_step,
+        is_sharded,
+        load_full_optimizer,
+        load_model_weights,
+        load_rank_state,
+        load_sharded_model,
+        load_sharded_optimizer,
+        load_trainer_state,
+        save_sharded_checkpoint,
+    )
+    from dapo_core.train.run_dir import CONFIG_FILE
+    from dapo_core.train.runner import (
+        Job,
+        evaluate_policy,
+        load_masters,
+        open_run_dir,
+        run_steps,
+    )
+    from dapo_core.train.sinks import NullSink
+    from dapo_core.train.trainer import Trainer
+
+    rank = coll.rank
+    dtype = compute_dtype(cfg.model.dtype)
+    problems = load_problems(cfg.data.train, seed=cfg.run.seed)
+    # Rank 0 claims the directory and picks the checkpoint; a refusal reaches every rank.
+    ckpt_name = _on_rank0(
+        coll, lambda: _as_str(open_run_dir(cfg, out_dir, resume=resume, owner=owner))
+    )
+    ckpt = Path(ckpt_name) if ckpt_name else None
+    sharded = ckpt is not None and is_sharded(ckpt)
+
+    if cfg.model.name_or_path == TINY:
+        # Built (once per machine) by rank 0: save_pretrained writes nothing on other ranks.
+        _on_rank0(coll, lambda: str(tiny_model_dir(cfg.model)))
+    # Whole and float32 in host memory first; FSDP moves each rank's shards to `device`.
+    model, tokenizer = load_masters(cfg, "cpu")
+    if ckpt is not None and not sharded:
+        load_model_weights(model, ckpt)  # one worker's checkpoint: its float32 model/
+    own_streams = load_rank_state(ckpt, rank) if sharded and ckpt is not None else None
+    fresh_stream = ckpt is not None and own_streams is None and rank > 0
+    seed = engine_seed(cfg.run.seed, rank, checkpoint_step(ckpt) if fresh_stream and ckpt else 0)
+    engine = _make_rank_engine(cfg, model, tokenizer, device, coll, out_dir, seed=seed)
+
+    root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload)
+    if sharded and ckpt is not None:
+        load_sharded_model(model, ckpt)  # resharded to this many workers
+
+    def sync() -> None:
+        push_weights(model, engine, dtype=dtype, device=device)
+
+    trainer = Trainer(
+        cfg,
+        root,
+        tokenizer,
+        engine,
+        problems,
+        dist=coll,
+        autocast=False,  # FSDP2's MixedPrecisionPolicy casts
+        sync_weights=sync,
+        device=device,
+    )
+    if ckpt is not None:
+        state = load_trainer_state(ckpt)
+        if sharded:
+            load_sharded_optimizer(model, trainer.optimizer, ckpt)
+        else:
+            load_full_optimizer(model, trainer.optimizer, state["optimizer"])
+        trainer.load_state_dict(state, optimizer=False, streams=False)
+        if own_streams is None and rank == 0:
+            own_streams = {"rng": state["rng"], "engine": state["engine"]}  # one worker's
+        if own_streams is not None:
+            trainer.load_rank_state(own_streams)
+        if rank == 0:
+            log.info(
+                "resumed %s at rollout step %d on %d workers",
+                out_dir,
+                trainer.rollout_step,
+                coll.world_size,
+            )
+    if rank == 0:
+        (out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+
+    def checkpoint() -> Path:
+        return save_sharded_checkpoint(
+            out_dir,
+            trainer.rollout_step,
+            policy=model,
+            optimizer=trainer.optimizer,
+            tokenizer=tokenizer,
+            trainer_state=trainer.state_dict(optimizer=False),
+            rank_state=trainer.rank_state(),
+            config=cfg.to_dict(),
+            dist=coll,
+            export_dtype=dtype,
+        )
+
+    sink: MetricsSink = NullSink()
+    if rank == 0 and sink_factory is not None:
+        sink = sink_factory()
+    try:
+        job = Job(
+            cfg=cfg,
+            trainer=trainer,
+            sink=sink,
+            evaluate=lambda step: evaluate_policy(
+                cfg, model, tokenizer, engine, step=step, dist=coll
+            ),
+            checkpoint=checkpoint,
+            dist=coll,
+        )
+        return run_steps(job, ckpt=ckpt, progress=progress if rank == 0 else None, t_start=t_start)
+    finally:
+        sink.close()
+        close = getattr(engine, "close", None)  # vllm: before the process group goes
+        if callable(close):
+            close()
+
+
+def _make_rank_engine(
+    cfg: ExperimentConfig,
+    model: PreTrainedModel,
+    tokenizer: Any,
+    device: torch.device,
+    coll: Collective,
+    out_dir: Path,
+    *,
+    seed: int,
+) -> RolloutEngine:
+    """This rank's engine, made before the policy is sharded (it needs the whole weights)."""
+    from dapo_core.engines import make_engine
+
+    dtype = compute_dtype(cfg.model.dtype)
+    if cfg.rollout.engine == "vllm":
+        # vLLM loads its first weights from disk: rank 0 writes them once for every rank.
+        init_dir = out_dir / VLLM_INIT_DIR
+        if coll.rank == 0:
+            shutil.rmtree(init_dir, ignore_errors=True)
+            model.save_pretrained(init_dir)
+            tokenizer.save_pretrained(init_dir)
+        coll.barrier()
+        return make_engine("vllm", model, tokenizer, cfg, seed=seed, init_dir=init_dir)
+    return make_engine("hf", rollout_copy(model, dtype, device), tokenizer, cfg, seed=seed)
+
+
+def _on_rank0(coll: Collective, fn: Callable[[], Any]) -> Any:
+    """fn() on rank 0, its result (or its exception, raised on every rank) broadcast."""
+    outcome: tuple[str, Any] = ("ok", None)
+    if coll.rank == 0:
+        try:
+            outcome = ("ok", fn())
+        except Exception as exc:  # re-raised below on every rank, rank 0 included
+            outcome = ("error", exc)
+    kind, value = coll.broadcast_object(outcome)
+    if kind == "error":
+        raise value
+    return value
+
+
+def _as_str(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+# --- N processes on this machine -------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on localhost now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_local(
+    cfg: ExperimentConfig,
+    *,
+    out_dir: Path,
+    workers: int,
+    sink_factory: Callable[[], MetricsSink] | None,
+    resume: bool = True,
+    owner: Mapping[str, Any] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> TrainResult:
+    """Train one arm with `workers` processes on this machine (`dapo train --workers N`).
+
+    One worker is the plain single-process `runner.train`. Otherwise N processes are spawned,
+    joined through a free localhost port; `sink_factory` and `progress` must be picklable
+    (module-level functions, functools.partial of classes). A worker's error is raised here
+    with the same type when it is a user error (one line on the command line), else as a
+    RuntimeError naming the rank; its traceback travels in the exception's notes.
+    """
+    import torch.multiprocessing as mp
+
+    from dapo_core.train.runner import open_run_dir, resolve_device, train
+
+    check_workers(cfg, workers)
+    if workers == 1:
+        sink = sink_factory() if sink_factory is not None else _null_sink()
+        try:
+            return train(
+                cfg, sink=sink, out_dir=out_dir, resume=resume, progress=progress, owner=owner
+            )
+        finally:
+            sink.close()
+    if resolve_device(cfg.run.device) == "cuda" and torch.cuda.device_count() < workers:
+        raise ValueError(
+            f"--workers {workers} on this machine needs {workers} GPUs (one per worker); "
+            f"{torch.cuda.device_count()} visible"
+        )
+    # The usual refusals (another run's directory, a changed config) before any process starts.
+    open_run_dir(cfg, Path(out_dir), resume=resume, owner=owner)
+    threads = cfg.run.num_threads or max(1, (os.cpu_count() or 1) // workers)
+    report = Path(tempfile.mkdtemp(prefix="dapo-workers-"))
+    args = (
+        workers,
+        f"tcp://127.0.0.1:{free_port()}",
+        cfg.to_dict(),
+        str(out_dir),
+        sink_factory,
+        dict(owner) if owner is not None else None,
+        resume,
+        progress,
+        threads,
+        timeout_s,
+        str(report),
+        os.getpid(),
+    )
+    try:
+        try:
+            mp.spawn(_spawn_entry, args=args, nprocs=workers, join=True)
+        except Exception as exc:
+            raise _worker_error(report, workers) from exc
+        return TrainResult(**json.loads((report / "result.json").read_text()))
+    finally:
+        shutil.rmtree(report, ignore_errors=True)
+
+
+def _null_sink() -> MetricsSink:
+    from dapo_core.train.sinks import NullSink
+
+    return NullSink()
+
+
+def _spawn_entry(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    config: dict[str, Any],
+    out_dir: str,
+    sink_factory: Callable[[], MetricsSink] | None,
+    owner: dict[str, Any] | None,
+    resume: bool,
+    progress: Callable[[dict[str, Any]], None] | None,
+    threads: int,
+    timeout_s: float,
+    report: str,
+    parent_pid: int,
+) -> None:
+    """One spawned worker: train_worker, its result or error written where the parent looks."""
+    _exit_with_parent(parent_pid)
+    # Rank 0 speaks for the job; the other ranks' warnings would repeat its own.
+    logging.basicConfig(
+        level=logging.WARNING if rank == 0 else logging.ERROR,
+        format="warning: %(message)s",
+    )
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        result = train_worker(
+            rank,
+            world_size,
+            init_method,
+            config,
+            out_dir,
+            sink_factory,
+            owner,
+            resume=resume,
+            progress=progress,
+            local_rank=rank,
+            num_threads=threads,
+            timeout_s=timeout_s,
+        )
+    except BaseException as exc:
+        (Path(report) / f"error_{rank}.json").write_text(
+            json.dumps(
+                {
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback": traceback.format_exc(),
+                }
+            )
+        )
+        raise
+    if rank == 0:
+        (Path(report) / "result.json").write_text(json.dumps(asdict(result)))
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker whose launcher died (killed, not interrupted) would wait in a collective for
+    half an hour; it leaves as soon as its parent is gone instead."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_error(report: Path, workers: int) -> Exception:
+    """The exception to raise for a failed job: the first rank's own error, not the connection
+    errors the other ranks saw when it left."""
+    from dapo_core.setup.config import ConfigError
+    from dapo_core.train.run_dir import NotOwner
+    from dapo_core.train.runner import TrainingDiverged
+
+    errors = []
+    for r in range(workers):
+        path = report / f"error_{r}.json"
+        if path.is_file():
+            errors.append((r, json.loads(path.read_text())))
+    if not errors:
+        return RuntimeError(f"a worker of {workers} died without a word (killed? out of memory?)")
+    secondary = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out")
+    errors.sort(key=lambda e: any(s in e[1]["message"] for s in secondary))
+    rank, err = errors[0]
+    known: dict[str, type[Exception]] = {
+        "ValueError": ValueError,
+        "FileNotFoundError": FileNotFoundError,
+        "NotADirectoryError": NotADirectoryError,
+        "PermissionError": PermissionError,
+        "ConfigError": ConfigError,
+        "NotOwner": NotOwner,
+        "TrainingDiverged": TrainingDiverged,
+    }
+    kind = known.get(err["type"])
+    exc = (
+        kind(err["message"])
+        if kind is not None
+        else RuntimeError(f"worker {rank} of {workers} failed: {err['type']}: {err['message']}")
+    )
+    exc.add_note(f"worker {rank}'s traceback:\n{err['traceback']}")
+    return exc

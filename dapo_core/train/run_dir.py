@@ -1,0 +1,126 @@
+"""A run directory's layout and who owns it. Imports nothing heavy (no torch), so the flows read
+it freely.
+
+    <run dir>/
+      OWNER.json              who may write and resume here (see claim)
+      config.json             the experiment config of the latest start
+      checkpoints/
+        latest                text file naming the newest complete checkpoint ("step_8")
+        step_8/               one checkpoint (see dapo_core.train.checkpoint): one worker's, or
+                              N workers' sharded one (SHARDS_DIR and RANKS_DIR inside)
+
+Only a `latest` that names a `step_<N>` directory inside `checkpoints/` is followed: a crafted
+pointer (`../../elsewhere`) or a symlink out of the run directory is refused, so a checkpoint
+path taken from the store can never make a run load files from outside its own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+MODEL_DIR = "model"
+STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "config.json"
+SHARDS_DIR = "dcp"  # torch.distributed.checkpoint of a sharded checkpoint: masters + optimizer
+RANKS_DIR = "ranks"  # rank_<r>.pt: each worker's random streams
+OWNER_FILE = "OWNER.json"
+_STEP_NAME = re.compile(r"step_(\d+)")
+
+
+class NotOwner(ValueError):
+    """The run directory belongs to another run (another store, another arm or seed)."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a reader sees the old or the new file, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint `latest` names under run_dir, or None when there is none yet.
+
+    Raises ValueError when the pointer names anything but a step_<N> directory of this run."""
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / LATEST
+    try:
+        name = pointer.read_text().strip()
+    except OSError:
+        return None
+    if not _STEP_NAME.fullmatch(name):
+        raise ValueError(f"{pointer} names {name[:80]!r}, not a step_<N> checkpoint of this run")
+    path = root / name
+    if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"{path} leads outside the run directory {run_dir}: refusing to load it")
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def checkpoint_step(ckpt: str | Path) -> int:
+    """N of a step_N directory."""
+    match = _STEP_NAME.fullmatch(Path(ckpt).name)
+    if match is None:
+        raise ValueError(f"{ckpt} is not a step_<N> checkpoint directory")
+    return int(match.group(1))
+
+
+def latest_step(run_dir: str | Path | None) -> int | None:
+    """The rollout step of the newest complete checkpoint under a run directory, or None
+    (also None for a pointer that cannot be followed safely)."""
+    if not run_dir:
+        return None
+    try:
+        ckpt = latest_checkpoint(run_dir)
+    except ValueError:
+        return None
+    return None if ckpt is None else checkpoint_step(ckpt)
+
+
+def read_owner(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / OWNER_FILE
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise NotOwner(f"{path} is unreadable ({exc}): this directory's owner is unknown") from None
+
+
+def claim(run_dir: str | Path, owner: Mapping[str, Any]) -> None:
+    """Make `owner` the run directory's owner, or check that it already is.
+
+    `owner` names the job: the store's id and the (sweep, arm, seed, config hash) for a sweep's
+    run, or {"kind": "train", ...} for `dapo train`. Attempts of one job share its directory
+    (a retry resumes there); anything else, or a directory that holds checkpoints but names no
+    owner, is refused before a byte is read from it.
+    """
+    run_dir = Path(run_dir)
+    mine = {str(k): v for k, v in owner.items()}
+    found = read_owner(run_dir)
+    if found is None:
+        if (run_dir / CHECKPOINTS).exists():
+            raise NotOwner(
+                f"{run_dir} holds checkpoints but no {OWNER_FILE}: it was not made for this run; "
+                "choose another directory"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / OWNER_FILE, json.dumps(mine, indent=2, sort_keys=True))
+        return
+    if found != mine:
+        differ = sorted(k for k in found.keys() | mine.keys() if found.get(k) != mine.get(k))
+        raise NotOwner(
+            f"{run_dir} belongs to another run ({', '.join(f'{k}={found.get(k)!r}' for k in differ)}"
+            f"; this one has {', '.join(f'{k}={mine.get(k)!r}' for k in differ)}): refusing to "
+            "write or resume there"
+        )

@@ -1,0 +1,83 @@
+"""The `dapo` console script: one argparse dispatcher over the subcommands each layer provides.
+
+Each layer registers its own subcommands (dapo_core.cli, db.cli, dashboard.cli, flows.commands),
+imported lazily so that `dapo table` never pays for torch. User mistakes surface as one line
+on stderr and exit code 2; set DAPO_DEBUG=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+# (module, what it provides) in the order `dapo --help` lists them.
+_REGISTRARS: tuple[str, ...] = ("dapo_core.cli", "flows.commands", "db.cli", "dashboard.cli")
+
+_USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    ConnectionError,
+    TimeoutError,
+)
+
+DESCRIPTION = """\
+DAPO Lab: run the DAPO ablation ladder (GRPO → +overlong filter → +clip-higher → +soft overlong
+punishment → +token-level loss → DAPO) on any causal LM, and browse the results.
+
+The experiment store is $DAPO_DB_URL when set (e.g. postgresql+psycopg://user@host:5432/db),
+else a SQLite file in the user's data directory (see `dapo db current`)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (the usage block buries the reason); the
+    subcommands' parsers inherit it through add_subparsers."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="dapo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _REGISTRARS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # A layer that is not installed (or not built yet) simply offers no commands.
+            if exc.name and name.startswith(exc.name.split(".")[0]) and exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except _USER_ERRORS as exc:
+        if os.environ.get("DAPO_DEBUG"):
+            raise
+        from db.errors import first_line
+
+        print(f"error: {first_line(exc)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Differential tests against the reference implementation (make test-reference)."""

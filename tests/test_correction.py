@@ -1,0 +1,180 @@
+"""Rollout correction (TIS / MIS) and the sampler–trainer mismatch sums: hand-computed cases and
+invariants (weights ≤ cap, `none` changes nothing, MIS keeps exactly the tokens whose ratio lies
+in [1/cap, cap], k3 ≥ 0 and 0 only where the two log-probs agree)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from dapo_core.algo.correction import MODES, rollout_correction
+from dapo_core.setup.config import ROLLOUT_CORRECTIONS
+
+FAST = settings(max_examples=80, deadline=None)
+F64 = torch.float64
+
+# ρ = π_old / π_sampler per token: [3, 1.5, 0.25, 1] with a padded 5th position; cap = 2.
+RHO = [3.0, 1.5, 0.25, 1.0]
+SAMPLER = torch.tensor([[-1.0, -2.0, -0.5, -0.7, 0.0]], dtype=F64)
+OLD = SAMPLER + torch.log(torch.tensor([[*RHO, 1e9]], dtype=F64))  # padding: a huge ratio
+MASK = torch.tensor([[1, 1, 1, 1, 0]])
+# Σ|log ρ| = ln 3 + ln 1.5 + ln 4 + 0 = 1.098612 + 0.405465 + 1.386294 = 2.890372
+ABS = 2.890372
+# Σ k3 = Σ (ρ − ln ρ − 1) = (3 − 1.098612 − 1) + (1.5 − 0.405465 − 1) + (0.25 + 1.386294 − 1) + 0
+#      = 0.901388 + 0.094535 + 0.636294 = 1.632217
+K3 = 1.632217
+
+
+def test_registry_matches_the_config() -> None:
+    assert MODES == ROLLOUT_CORRECTIONS
+
+
+def test_tis_hand_computed() -> None:
+    weights, mask, sums = rollout_correction(OLD, SAMPLER, MASK, mode="tis", cap=2.0)
+    assert weights is not None
+    # min(ρ, 2) on loss tokens, 0 on padding
+    torch.testing.assert_close(weights, torch.tensor([[2.0, 1.5, 0.25, 1.0, 0.0]], dtype=F64))
+    assert mask is MASK  # TIS reweights, it removes nothing
+    assert sums["mismatch_tokens"] == 4
+    assert sums["is_masked"] == 1  # only ρ = 3 is capped
+    assert sums["mismatch_abs"] == pytest.approx(ABS, abs=1e-6)
+    assert sums["mismatch_k3"] == pytest.approx(K3, abs=1e-6)
+
+
+def test_mis_hand_computed() -> None:
+    weights, mask, sums = rollout_correction(OLD, SAMPLER, MASK, mode="mis", cap=2.0)
+    assert weights is None
+    # [1/2, 2] keeps ρ = 1.5 and ρ = 1; ρ = 3 and ρ = 0.25 leave the loss; padding stays out
+    assert mask.tolist() == [[0, 1, 0, 1, 0]]
+    assert mask.dtype == MASK.dtype
+    assert sums["is_masked"] == 2
+    assert sums["mismatch_abs"] == pytest.approx(ABS, abs=1e-6)  # measured before masking
+
+
+def test_none_measures_and_changes_nothing() -> None:
+    weights, mask, sums = rollout_correction(OLD, SAMPLER, MASK, mode="none", cap=2.0)
+    assert weights is None
+    assert mask is MASK
+    assert sums == pytest.approx(
+        {"mismatch_tokens": 4, "mismatch_abs": ABS, "mismatch_k3": K3, "is_masked": 0}, abs=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mode": "ppo", "cap": 2.0}, "rollout correction 'ppo': use one of none, tis, mis"),
+        ({"mode": "tis", "cap": 1.0}, "cap=1.0: must be a finite number > 1"),
+        ({"mode": "mis", "cap": math.inf}, "must be a finite number > 1"),
+        ({"mode": "tis", "cap": math.nan}, "must be a finite number > 1"),
+    ],
+)
+def test_bad_arguments_are_clear_value_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        rollout_correction(OLD, SAMPLER, MASK, **kwargs)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+LOGP = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False)
+CAP = st.floats(min_value=1.01, max_value=10.0)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    old = torch.tensor(draw(st.lists(LOGP, min_size=B * T, max_size=B * T)), dtype=F64)
+    sampler = torch.tensor(draw(st.lists(LOGP, min_size=B * T, max_size=B * T)), dtype=F64)
+    mask = torch.tensor(draw(st.lists(st.booleans(), min_size=B * T, max_size=B * T)))
+    return old.view(B, T), sampler.view(B, T), mask.view(B, T)
+
+
+@FAST
+@given(batches(), CAP)
+def test_tis_weights_lie_in_zero_cap(batch: tuple[torch.Tensor, ...], cap: float) -> None:
+    old, sampler, mask = batch
+    weights, _, sums = rollout_correction(old, sampler, mask, mode="tis", cap=cap)
+    assert weights is not None
+    assert bool((weights <= cap).all()) and bool((weights >= 0).all())
+    assert bool((weights[~mask] == 0).all())
+    # below the cap, the weight is the ratio itself
+    rho = torch.exp(old - sampler)
+    free = mask & (rho < cap)
+    torch.testing.assert_close(weights[free], rho[free])
+    assert sums["is_masked"] == float((mask & (rho > cap)).sum())
+
+
+@FAST
+@given(batches(), CAP)
+def test_mis_keeps_exactly_the_ratios_within_the_cap(
+    batch: tuple[torch.Tensor, ...], cap: float
+) -> None:
+    old, sampler, mask = batch
+    log_rho = (old - sampler).flatten().tolist()
+    # stay clear of the boundary, where log-space and ratio-space rounding may disagree
+    assume(all(abs(abs(x) - math.log(cap)) > 1e-9 for x in log_rho))
+    _, kept, sums = rollout_correction(old, sampler, mask, mode="mis", cap=cap)
+    expected = [
+        bool(m) and 1 / cap <= math.exp(x) <= cap
+        for x, m in zip(log_rho, mask.flatten().tolist(), strict=True)
+    ]
+    assert kept.bool().flatten().tolist() == expected
+    assert sums["is_masked"] == float(mask.sum()) - sum(expected)
+
+
+@FAST
+@given(batches(), CAP)
+def test_none_leaves_mask_and_loss_untouched(batch: tuple[torch.Tensor, ...], cap: float) -> None:
+    old, sampler, mask = batch
+    weights, kept, sums = rollout_correction(old, sampler, mask, mode="none", cap=cap)
+    assert weights is None and kept is mask
+    assert sums["is_masked"] == 0
+    assert sums["mismatch_tokens"] == float(mask.sum())
+
+
+# log-probs on a 1e-4 grid: two different values differ by at least 1e-4, so k3 ≈ x²/2 ≥ 5e-9.
+GRID = st.integers(-300_000, 0).map(lambda i: i / 10_000)
+
+
+@FAST
+@given(st.lists(st.tuples(GRID, GRID), min_size=1, max_size=12))
+def test_k3_is_nonnegative_and_zero_only_where_equal(pairs: list[tuple[float, float]]) -> None:
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    for a, b in pairs:
+        _, _, sums = rollout_correction(
+            torch.tensor([[a]], dtype=F64), torch.tensor([[b]], dtype=F64), mask, mode="none", cap=2
+        )
+        assert sums["mismatch_k3"] >= 0
+        assert (sums["mismatch_k3"] == 0) == (a == b)
+        assert (sums["mismatch_abs"] == 0) == (a == b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_k3_never_rounds_below_zero(dtype: torch.dtype) -> None:
+    # ρ − log ρ − 1 computed as exp(x) − x − 1 comes out below 0 for thousands of small x in
+    # floating point; the estimate must not.
+    x = torch.linspace(-1e-3, 1e-3, 200_001, dtype=dtype)[None, :]
+    _, _, sums = rollout_correction(x, torch.zeros_like(x), torch.ones_like(x), mode="none", cap=2)
+    assert sums["mismatch_k3"] >= 0
+    per_token = [
+        rollout_correction(
+            x[:, i : i + 1], torch.zeros(1, 1, dtype=dtype), torch.ones(1, 1), mode="none", cap=2
+        )[2]["mismatch_k3"]
+        for i in range(0, 200_001, 997)
+    ]
+    assert min(per_token) >= 0
+
+
+def test_extreme_log_probs_stay_finite() -> None:
+    # A sampler log-prob of −1000 (a token the trainer finds likely): log ρ is clamped at 20.
+    old = torch.tensor([[-0.1, -1000.0]], dtype=F64)
+    sampler = torch.tensor([[-1000.0, -0.1]], dtype=F64)
+    for mode in MODES:
+        weights, _, sums = rollout_correction(old, sampler, torch.ones(1, 2), mode=mode, cap=2.0)
+        assert all(math.isfinite(v) for v in sums.values())
+        if weights is not None:
+            assert weights.tolist() == [[2.0, math.exp(-20.0)]]
