@@ -3,8 +3,13 @@
 - `db.engine`: the store URL ($DAPO_DB_URL, else a SQLite file in the user's data directory) and
   one cached, migrated engine per URL.
 - `db.store.Store`: the write side (sweeps, run attempts) and `SqlSink`, the trainer's metrics
-  sink (one transaction per step, idempotent on (run, step, name)).
+  sink (one transaction per step, idempotent on (run, step, name)). Guarantee: a store outage
+  of up to 5 minutes (db.transactions.OUTAGE_S; $DAPO_STORE_OUTAGE_S) loses no step and
+  duplicates none; a longer one stops the run with one line naming the store, and the steps
+  it held wait in the run directory's spill file for the next attempt (see db.sink).
 - `db.queries`: the read side (ablation table, curves, samples, run pages) as DataFrames.
+- `db.stats`: the table's statistics (t-intervals over seeds, paired differences, the leader);
+  `db.table_format`: its one set of columns, for `dapo table`, the dashboard and Prefect.
 - `db.cli`: `dapo db upgrade`, `dapo db current`, `dapo table`.
 
 db/ is the only package that speaks SQL. It imports nothing from dapo_core (no torch): configs

@@ -1,6 +1,6 @@
 """`dapo db upgrade`, `dapo db current`, `dapo table`: the store's subcommands.
 
-flows/cli.py's dispatcher calls `register(subparsers)`. Bad input (a malformed URL, a sweep
+dapo_lab/cli.py's dispatcher calls `register(subparsers)`. Bad input (a malformed URL, a sweep
 that does not exist, a server that does not answer) raises ValueError / ConnectionError /
 FileNotFoundError with one line, which the dispatcher prints as `error: ...` (exit 2).
 """
@@ -21,6 +21,13 @@ from db import table_format
 URL_HELP = "store URL (default: $DAPO_DB_URL, else the SQLite file in the user's data directory)"
 
 
+def store_argument(parser: argparse.ArgumentParser) -> None:
+    """`--store URL`, the one name every dapo command gives the store; `--url`, its old name,
+    still works but is not shown."""
+    parser.add_argument("--store", metavar="URL", dest="store", default=None, help=URL_HELP)
+    parser.add_argument("--url", dest="store", default=None, help=argparse.SUPPRESS)
+
+
 def register(subparsers: Any) -> None:
     """Add `db` (upgrade, current) and `table` to the `dapo` dispatcher."""
     db_parser = subparsers.add_parser(
@@ -34,32 +41,40 @@ def register(subparsers: Any) -> None:
     upgrade = actions.add_parser(
         "upgrade",
         help="migrate the store to this code's schema (creates a fresh one)",
-        description="Run the store's migrations up to the newest revision this code knows.",
+        description="Run the store's migrations up to the newest revision this code knows. "
+        "This is also the one way to add the store's tables to a database that holds other "
+        "tables (every other command refuses such a database).",
     )
-    upgrade.add_argument("--url", default=None, help=URL_HELP)
+    store_argument(upgrade)
     upgrade.set_defaults(func=cmd_upgrade)
     current = actions.add_parser(
         "current",
         help="print the store's URL and schema revision",
         description="Print which store the commands use and its schema revision.",
     )
-    current.add_argument("--url", default=None, help=URL_HELP)
+    store_argument(current)
     current.set_defaults(func=cmd_current)
 
     table = subparsers.add_parser(
         "table",
         help="print a sweep's ablation table",
-        description="Print the ablation table of a sweep: per arm, in ladder order, the final "
-        "eval score per seed and mean ± std over seeds, Δ to the previous arm and to the "
-        "baseline, the paper's number, steps, updates, tokens, time and status.",
+        description="Print the ablation table of a sweep: per arm, in ladder order, the "
+        "starting model's score, the final eval score (mean over seeds with a 95% t-interval) "
+        "and the gain over the start, Δ to the parent arm and to the baseline paired by seed "
+        "(* when the interval excludes 0; one seed: no interval), each seed's score, the "
+        "paper's number, steps, updates, tokens, time and status; then which arm leads, if "
+        "one does significantly. The CSV format carries every interval.",
     )
     table.add_argument("--sweep", type=int, default=None, help="sweep id (default: the newest)")
     table.add_argument(
         "--format", choices=table_format.FORMATS, default="text", help="output format (text)"
     )
-    table.add_argument("--url", default=None, help=URL_HELP)
+    store_argument(table)
     table.add_argument(
-        "--dataset", default=None, help="evaluation data set to score by (default: the usual one)"
+        "--dataset",
+        default=None,
+        help="evaluation data set to score by (default: the one most runs have; an unknown "
+        "one is an error that names those there are)",
     )
     table.add_argument("--k", type=int, default=None, help="the evaluation's k (avg@k)")
     table.set_defaults(func=cmd_table)
@@ -104,12 +119,14 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from db import engine as db_engine
     from db import migrate
 
-    url = db_engine.resolve_url(args.url)
+    url = db_engine.resolve_url(args.store)
     where = db_engine.safe_url(url)
     engine = db_engine.create(url)
     try:
         with _explained(url):
-            before, after = migrate.upgrade(engine, where)
+            # Asked for by name: a database of another application gets the store's tables.
+            before, after = migrate.upgrade(engine, where, adopt=True)
+            db_engine.enable_wal(engine)
     finally:
         engine.dispose()
     db_engine.dispose(url)  # a cached engine of this process would hold the old schema check
@@ -124,7 +141,7 @@ def cmd_current(args: argparse.Namespace) -> int:
     from db import engine as db_engine
     from db import migrate
 
-    url = db_engine.resolve_url(args.url)
+    url = db_engine.resolve_url(args.store)
     where = db_engine.safe_url(url)
     print(f"store: {where}")
     parsed = db_engine.parse_url(url)
@@ -132,7 +149,7 @@ def cmd_current(args: argparse.Namespace) -> int:
     if path is not None and not path.exists():
         print("revision: none (the file does not exist yet; the first write creates it)")
         return 0
-    engine = db_engine.create(url)
+    engine = db_engine.create(url, read_only=True)  # looking changes nothing
     try:
         with _explained(url), engine.connect() as conn:
             state = migrate.schema_state(conn)
@@ -142,6 +159,8 @@ def cmd_current(args: argparse.Namespace) -> int:
         note = "up to date"
     elif state.newer:
         note = f"NEWER than this code's {state.head}: upgrade dapo-lab"
+    elif state.foreign:
+        note = f"not a DAPO Lab store: it holds {', '.join(state.others[:5]) or 'another schema'}"
     elif state.current is None:
         note = f"empty; `dapo db upgrade` (or first use) creates revision {state.head}"
     else:
@@ -154,9 +173,11 @@ def cmd_table(args: argparse.Namespace) -> int:
     from db import engine as db_engine
     from db import queries
 
-    url = db_engine.resolve_url(args.url)
+    url = db_engine.resolve_url(args.store)
     _existing(url)
-    engine = db_engine.get_engine(url)
+    # Read-only: a table is a look, so it creates, migrates and switches nothing (and works on
+    # a store in a read-only directory).
+    engine = db_engine.get_engine(url, read_only=True)
     with _explained(url):
         sweep_id = args.sweep
         if sweep_id is None:

@@ -4,11 +4,17 @@ URL: the argument, else $DAPO_DB_URL, else a SQLite file in the user's data dire
 (`~/.local/share/dapo-lab/dapo.db` on Linux). PostgreSQL goes through the psycopg 3 driver:
 `postgresql+psycopg://user@host:5432/db` (a bare `postgresql://` URL is taken to mean it).
 
-A fresh database (no tables) is migrated on first use; an older SQLite file is upgraded; an
-older PostgreSQL database asks for `dapo db upgrade` (a shared server is migrated on purpose);
-a database at a revision this code does not know is refused. Every failure to open a store is
-one line: ValueError (bad URL, wrong schema), FileNotFoundError / PermissionError (SQLite
-path), ConnectionError (server unreachable, login refused).
+A fresh database (no tables at all) is migrated on first use; an older SQLite file is upgraded;
+an older PostgreSQL database asks for `dapo db upgrade` (a shared server is migrated on
+purpose); a database at a revision this code does not know is refused, and so is a non-empty
+database of another application (nothing is added to it, its journal mode is left alone)
+unless `dapo db upgrade` is run on it. Every failure to open a store is one line: ValueError
+(bad URL, wrong schema, foreign database), FileNotFoundError / PermissionError (SQLite path,
+read-only directory), ConnectionError (server unreachable, login refused).
+
+`get_engine(url, read_only=True)` opens a store for reading only (`dapo table`): SQLite through
+a `mode=ro` URI, so that nothing is created, migrated or switched, even in a read-only
+directory.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from platformdirs import user_data_dir
@@ -26,6 +33,7 @@ from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
 
 from db import migrate
+from db.errors import first_line
 from db.transactions import WRITE_OPTION
 
 ENV_VAR = "DAPO_DB_URL"
@@ -38,7 +46,7 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 # How long a PostgreSQL connection attempt may take before the store is called unreachable.
 PG_CONNECT_TIMEOUT_S = 10
 
-_ENGINES: dict[str, sa.Engine] = {}
+_ENGINES: dict[tuple[str, bool], sa.Engine] = {}
 _LOCK = threading.RLock()
 
 
@@ -99,43 +107,81 @@ def sqlite_path(url: sa.URL) -> Path | None:
     return Path(database).expanduser()
 
 
-def create(url: str) -> sa.Engine:
-    """A configured engine for `url`, without touching the database (no schema check)."""
+def create(url: str, *, read_only: bool = False, busy_timeout_s: float | None = None) -> sa.Engine:
+    """A configured engine for `url`, without touching the database (no schema check).
+
+    `read_only`: see the module docstring. `busy_timeout_s`: how long a SQLite writer waits
+    for the write lock (default SQLITE_BUSY_TIMEOUT_S).
+    """
     parsed = parse_url(_with_driver(url))
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
-    return _postgres_engine(parsed)
+        timeout = SQLITE_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+        return _sqlite_engine(parsed, read_only=read_only, busy_timeout_s=timeout)
+    return _postgres_engine(parsed, read_only=read_only)
 
 
-def _sqlite_engine(url: sa.URL) -> sa.Engine:
+def _read_only_url(path: Path) -> str:
+    """A `mode=ro` URI for the file: SQLite neither creates it nor writes to it.
+
+    In a directory this user cannot write, SQLite cannot create the `-shm` file a WAL reader
+    needs; when no `-wal` file is there either (a store closed cleanly), every change is in the
+    file itself and `immutable=1` lets SQLite read it without one.
+    """
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    wal = path.with_name(path.name + "-wal")
+    if not os.access(path.parent, os.W_OK) and not wal.exists():
+        uri += "&immutable=1"
+    return f"sqlite:///{uri}&uri=true"
+
+
+def _sqlite_engine(url: sa.URL, *, read_only: bool, busy_timeout_s: float) -> sa.Engine:
     path = sqlite_path(url)
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": busy_timeout_s}}
+    target: str | sa.URL = url
     if path is None:
         # One shared connection, so that every checkout sees the same in-memory database.
         kwargs = {"connect_args": {"check_same_thread": False}, "poolclass": StaticPool}
+    elif read_only:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no store at {path} (it is created by the first `dapo sweep`, or `dapo db upgrade`)"
+            )
+        if not os.access(path, os.R_OK):
+            raise PermissionError(f"cannot read the SQLite store {path}")
+        target = _read_only_url(path)
     else:
         if not path.parent.is_dir():
             raise FileNotFoundError(
                 f"no directory {path.parent} for the SQLite store {safe_url(url)}"
             )
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            # SQLite writes its journal (the -wal and -shm files) beside the store: without
+            # that, the first write would fail with "unable to open database file".
+            raise PermissionError(
+                f"the SQLite store {path} is in a read-only directory ({path.parent}): SQLite "
+                "must write its journal beside it; move the store to a writable directory "
+                "(`dapo table` can still read it where it is)"
+            )
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
-            raise PermissionError(f"cannot read and write the SQLite store {path}")
-    engine = sa.create_engine(url, **kwargs)
+            raise PermissionError(
+                f"cannot read and write the SQLite store {path} (`dapo table` can still read it)"
+            )
+    engine = sa.create_engine(target, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
         # db.transactions emits BEGIN itself (see there why); the driver's own, which defers
         # BEGIN until the first write, would let two writers deadlock on a lock upgrade.
+        # Nothing here changes the file: WAL is switched on only once the database has been
+        # found to be a store (enable_wal), so a foreign file is left as it was.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        if path is not None:
-            # WAL: readers never block the writer nor it them. FULL sync: a step is on disk
-            # when log_metrics returns (one fsync per transaction), as with PostgreSQL's
-            # synchronous_commit; NORMAL would be faster and could lose the last steps to a
-            # power cut.
-            cursor.execute("PRAGMA journal_mode = WAL")
+        if path is not None and not read_only:
+            # FULL sync: a step is on disk when log_metrics returns (one fsync per
+            # transaction), as with PostgreSQL's synchronous_commit; NORMAL would be faster
+            # and could lose the last steps to a power cut.
             cursor.execute("PRAGMA synchronous = FULL")
         cursor.close()
 
@@ -147,12 +193,34 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
     return engine
 
 
-def _postgres_engine(url: sa.URL) -> sa.Engine:
+def enable_wal(engine: sa.Engine) -> None:
+    """Switch a SQLite store file to WAL (readers never block the writer nor it them).
+
+    The mode is kept in the file, so this runs once the database is known to be a store (never
+    on another application's file) and not inside a transaction (SQLite refuses that): on the
+    raw connection, whose driver-level transactions db.engine switched off.
+    """
+    if engine.dialect.name != "sqlite" or sqlite_path(engine.url) is None:
+        return
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+    finally:
+        raw.close()
+
+
+def _postgres_engine(url: sa.URL, *, read_only: bool = False) -> sa.Engine:
     connect_args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     # pre-ping: a worker that outlives a server restart reconnects instead of failing a step
-    return sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    if read_only:
+        # Every transaction of this engine is READ ONLY: the server refuses any write.
+        return engine.execution_options(postgresql_readonly=True)
+    return engine
 
 
 def explain(error: Exception, url: str | sa.URL) -> Exception:
@@ -161,9 +229,11 @@ def explain(error: Exception, url: str | sa.URL) -> Exception:
     if isinstance(error, ValueError | OSError):
         return error
     orig: BaseException = getattr(error, "orig", None) or error
-    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    first = first_line(orig)
     if isinstance(error, sa.exc.DatabaseError) and "file is not a database" in first:
         return ValueError(f"{where} is not a SQLite database ({first})")
+    if "attempt to write a readonly database" in first or "readonly database" in first:
+        return PermissionError(f"the store {where} cannot be written: {first}")
     if isinstance(error, sa.exc.OperationalError | sa.exc.InterfaceError):
         return ConnectionError(f"cannot open the store {where}: {first}")
     if isinstance(error, sa.exc.SQLAlchemyError):
@@ -171,25 +241,30 @@ def explain(error: Exception, url: str | sa.URL) -> Exception:
     return error
 
 
-def get_engine(url: str | None = None) -> sa.Engine:
+def get_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
     """The engine of the store at `url` (see resolve_url), cached per URL in this process.
 
     On first use the schema is checked and, for a fresh database, created (see the module
-    docstring for the rules).
+    docstring for the rules). `read_only`: check only, create and change nothing.
     """
     resolved = resolve_url(url)
+    key = (resolved, read_only)
     with _LOCK:
-        engine = _ENGINES.get(resolved)
+        engine = _ENGINES.get(key)
         if engine is not None:
             return engine
-        engine = create(resolved)
+        engine = create(resolved, read_only=read_only)
         try:
             is_sqlite = engine.dialect.name == "sqlite"
-            migrate.ensure_schema(engine, safe_url(resolved), upgrade_older=is_sqlite)
+            migrate.ensure_schema(
+                engine, safe_url(resolved), upgrade_older=is_sqlite, read_only=read_only
+            )
+            if not read_only:
+                enable_wal(engine)
         except Exception as error:
             engine.dispose()
             raise explain(error, resolved) from error
-        _ENGINES[resolved] = engine
+        _ENGINES[key] = engine
         return engine
 
 
@@ -208,8 +283,8 @@ def dispose(url: str | None = None) -> None:
     """Close the pooled connections of one cached engine (or of all with url=None) and forget
     it; the next get_engine opens (and checks) the store again."""
     with _LOCK:
-        urls = list(_ENGINES) if url is None else [resolve_url(url)]
-        for key in urls:
+        wanted = None if url is None else resolve_url(url)
+        for key in [k for k in _ENGINES if wanted is None or k[0] == wanted]:
             engine = _ENGINES.pop(key, None)
             if engine is not None:
                 engine.dispose()

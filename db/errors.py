@@ -1,4 +1,7 @@
-"""The store's own exceptions: each is also a built-in the `dapo` dispatcher reports in one line."""
+"""The store's own exceptions, and the one helper every layer uses to put an error in one line.
+
+Each exception is also a built-in the `dapo` dispatcher reports in one line (exit 2).
+"""
 
 from __future__ import annotations
 
@@ -8,4 +11,20 @@ class NotFound(LookupError, ValueError):
 
 
 class SchemaMismatch(ValueError):
-    """The database's schema revision is not the one this code speaks (newer, unknown, older)."""
+    """The database's schema revision is not the one this code speaks (newer, unknown, older),
+    or the database belongs to another application."""
+
+
+class StoreUnavailable(ConnectionError):
+    """The store stayed unreachable for longer than the outage budget (db.transactions)."""
+
+
+def first_line(error: BaseException, *, with_type: bool = False) -> str:
+    """The first line of an exception's message (SQL errors, pydantic and Prefect carry pages
+    after it); the class name when the message is empty. `with_type` prefixes the class name,
+    as the store's error column and the flows' logs keep it."""
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else ""
+    if not line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line}" if with_type else line

@@ -61,7 +61,9 @@ class SchemaState:
 
     current: str | None
     head: str
-    fresh: bool  # none of the store's tables and no revision: safe to create everything
+    fresh: bool  # no tables at all and no revision: safe to create everything
+    ours: frozenset[str] = frozenset()  # the store's tables present
+    others: tuple[str, ...] = ()  # every other table or view present, sorted
 
     @property
     def up_to_date(self) -> bool:
@@ -69,30 +71,75 @@ class SchemaState:
 
     @property
     def newer(self) -> bool:
-        return self.current is not None and self.current not in known_revisions()
+        """A revision this code does not know, in a database that holds the store's tables."""
+        return (
+            self.current is not None and self.current not in known_revisions() and bool(self.ours)
+        )
+
+    @property
+    def foreign(self) -> bool:
+        """Another application's database: other tables (or another Alembic history), none of
+        the store's."""
+        if self.ours:
+            return False
+        return bool(self.others) or (
+            self.current is not None and self.current not in known_revisions()
+        )
 
 
 def schema_state(conn: sa.Connection) -> SchemaState:
+    """Read-only: what the database holds (no table is created, no PRAGMA is changed)."""
     current = current_revision(conn)
-    fresh = False
-    if current is None:
-        present = set(sa.inspect(conn).get_table_names()) & set(TABLES)
-        fresh = not present
-    return SchemaState(current=current, head=head_revision(), fresh=fresh)
+    inspector = sa.inspect(conn)
+    present = set(inspector.get_table_names()) | set(inspector.get_view_names())
+    present.discard("alembic_version")
+    ours = frozenset(present & set(TABLES))
+    others = tuple(sorted(present - ours))
+    fresh = current is None and not present
+    return SchemaState(current=current, head=head_revision(), fresh=fresh, ours=ours, others=others)
 
 
-def check(state: SchemaState, where: str) -> None:
-    """Refuse what the code cannot safely use or create; `where` names the store in messages."""
+def _named(names: tuple[str, ...], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return f"{shown}, and {len(names) - most} more" if len(names) > most else shown
+
+
+def check(state: SchemaState, where: str, *, adopt: bool = False) -> None:
+    """Refuse what the code cannot safely use or create; `where` names the store in messages.
+
+    A database of another application is refused unless `adopt` (an explicit
+    `dapo db upgrade`): the store's tables are then added beside the others.
+    """
+    if state.foreign and not adopt:
+        found = (
+            f"{len(state.others)} other table(s) ({_named(state.others)})"
+            if state.others
+            else "no tables"
+        )
+        history = (
+            f" and another application's schema revision {state.current!r}"
+            if state.current is not None
+            else ""
+        )
+        raise SchemaMismatch(
+            f"{where} is not a DAPO Lab store: it holds {found}{history}; point --store at an "
+            f"empty database, or run `dapo db upgrade --store URL` to add the store's tables to it"
+        )
+    if state.foreign and state.current is not None:
+        raise SchemaMismatch(
+            f"{where} carries another application's schema revision {state.current!r}: the "
+            "store's migrations cannot share its alembic_version table; use another database"
+        )
     if state.newer:
         raise SchemaMismatch(
             f"the store {where} is at schema revision {state.current!r}, newer than this "
             f"dapo-lab knows (its newest is {state.head!r}): upgrade dapo-lab, or point "
             "DAPO_DB_URL at another store"
         )
-    if state.current is None and not state.fresh:
+    if state.current is None and state.ours:
         raise SchemaMismatch(
-            f"the store {where} has tables named like the store's ({', '.join(TABLES)}) but no "
-            "schema revision: it was not made by dapo-lab; use an empty database"
+            f"the store {where} has tables named like the store's ({', '.join(sorted(state.ours))}) "
+            "but no schema revision: it was not made by dapo-lab; use an empty database"
         )
 
 
@@ -101,29 +148,42 @@ def _lock(conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
 
 
-def upgrade(engine: sa.Engine, where: str) -> tuple[str | None, str]:
+def upgrade(engine: sa.Engine, where: str, *, adopt: bool = False) -> tuple[str | None, str]:
     """Migrate to head under the store's write lock; returns (revision before, after).
 
     The state is read again under the lock: of several processes opening a fresh store at
-    once, the first migrates and the others find it done.
+    once, the first migrates and the others find it done. `adopt`: see check().
     """
     with write_transaction(engine) as conn:
         _lock(conn)
         state = schema_state(conn)
-        check(state, where)
+        check(state, where, adopt=adopt)
         if not state.up_to_date:
             command.upgrade(alembic_config(conn), "head")
         return state.current, state.head
 
 
-def ensure_schema(engine: sa.Engine, where: str, *, upgrade_older: bool) -> SchemaState:
+def ensure_schema(
+    engine: sa.Engine, where: str, *, upgrade_older: bool, read_only: bool = False
+) -> SchemaState:
     """Check a store on first use: create a fresh one, refuse a newer or foreign one, and
-    upgrade an older one when `upgrade_older` (else say how)."""
+    upgrade an older one when `upgrade_older` (else say how). `read_only`: change nothing;
+    a store that is not at this code's revision is refused with what to run."""
     with engine.connect() as conn:
         state = schema_state(conn)
     check(state, where)
     if state.up_to_date:
         return state
+    if read_only:
+        if state.fresh:
+            raise SchemaMismatch(
+                f"the store {where} is empty (it is created by the first `dapo sweep`, or "
+                "`dapo db upgrade`)"
+            )
+        raise SchemaMismatch(
+            f"the store {where} is at schema revision {state.current!r}, older than this "
+            f"code's {state.head!r}: run `dapo db upgrade` (reading it changes nothing)"
+        )
     if state.fresh or upgrade_older:
         upgrade(engine, where)
         return SchemaState(current=state.head, head=state.head, fresh=False)

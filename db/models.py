@@ -7,6 +7,7 @@
     metrics       long format (run, step, name) -> value; NULL stands for NaN/inf
     evaluations   (run, dataset, k, step) -> avg@k, pass@k, cons@k, number of problems
     samples       a few rollouts per (run, step), with the reward split into its parts
+    store_identity  one row: the store's own id, a UUID drawn when the store was created
 
 Rows are keyed by what they mean ((run, step, name) for a metric) rather than by a surrogate id, so a replayed step
 upserts onto its earlier rows and can never duplicate them. The schema is created by the Alembic
@@ -24,6 +25,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SWEEP_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")
+# The status an unfinished attempt gets when a newer attempt of its (arm, seed) takes over
+# (resumes its checkpoint, or starts over): runs.superseded_by names the newer attempt.
+SUPERSEDED = "cancelled"
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
 
 # Deterministic constraint names, so that migrations can refer to (and drop) them on both backends.
@@ -121,7 +125,12 @@ class Run(Base):
     steps: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     grad_updates: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
     tokens: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    # Wall time of every try of this attempt added up (a try is one actor training it: a
+    # replaced actor is a second try), and how many tries there were.
     wall_s: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    tries: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    # The newer attempt of the same (arm, seed) that took over from this unfinished one.
+    superseded_by: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -195,7 +204,38 @@ class Sample(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
-TABLES = ("sweeps", "runs", "metrics", "evaluations", "samples")
+# The keys of a sample record and of an evaluation result that have a column of their own in
+# `samples` / `evaluations` (besides run_id, step and idx); any other key is kept in `extra`.
+SAMPLE_FIELDS = (
+    "prompt",
+    "response",
+    "ground_truth",
+    "pred",
+    "reward",
+    "score",
+    "overlong_penalty",
+    "correct",
+    "length",
+    "truncated",
+)
+EVALUATION_FIELDS = ("dataset", "k", "avg_at_k", "pass_at_k", "cons_at_k", "n_problems")
+
+
+class StoreIdentity(Base):
+    """The store's own id, drawn once when the store is created (migration 0002). Run
+    directories are named by it, so that two stores sharing one runs directory never share a
+    run directory (sweep and run ids restart at 1 in every store)."""
+
+    __tablename__ = "store_identity"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    store_id: Mapped[str] = mapped_column(sa.String(36))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (sa.CheckConstraint("id = 1", name="one_row"),)
+
+
+TABLES = ("sweeps", "runs", "metrics", "evaluations", "samples", "store_identity")
 
 # The tables themselves, typed as Table for Core statements (`Model.__table__` is typed loosely).
 SWEEPS = cast(sa.Table, Sweep.__table__)
@@ -203,3 +243,4 @@ RUNS = cast(sa.Table, Run.__table__)
 METRICS = cast(sa.Table, Metric.__table__)
 EVALUATIONS = cast(sa.Table, Evaluation.__table__)
 SAMPLES = cast(sa.Table, Sample.__table__)
+STORE_IDENTITY = cast(sa.Table, StoreIdentity.__table__)

@@ -1,11 +1,24 @@
 """SqlSink: the trainer's MetricsSink, writing one run's numbers into the store.
 
-It matches dapo_core.protocols.MetricsSink structurally (db/ never imports dapo_core):
+It matches dapo_core.train.protocols.MetricsSink structurally (db/ never imports dapo_core):
 log_metrics, log_samples, log_evaluation, close. Each call is one transaction, so a step is
 either wholly in the store or not at all, and every write is an upsert on the row's meaning
 ((run, step, name) for metrics, (run, dataset, k, step) for evaluations; a step's samples are
 replaced), so a step replayed after a resume overwrites its earlier values and never
 duplicates them.
+
+Store outages. The guarantee: a store that is unreachable for up to OUTAGE_S seconds (5
+minutes; $DAPO_STORE_OUTAGE_S sets another budget) loses no step and duplicates none, and
+training does not wait for it. While the store is down, each write is checked (a bad metric
+name still fails at once) and queued in order: in memory up to MEMORY_WRITES writes, then in a
+spill file under the run directory (`store-spill-run<ID>.jsonl`, one write per line, fsynced).
+The sink tries the store again with exponential back-off (0.25 s doubling to 5 s) whenever the
+trainer calls it, and writes the queue back in order, oldest first, once it answers; every write
+being an upsert, a write whose COMMIT was lost in the outage is simply written again. When the
+outage outlasts the budget, the next call (at the latest close()) raises StoreUnavailable with
+one line naming the store, and the spill file keeps every write not yet in the store: a later
+sink of the same run (a retried actor, or the next attempt's Store.replay_spill) writes it back
+first.
 """
 
 from __future__ import annotations
@@ -13,28 +26,27 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from db.models import EVALUATIONS, METRICS, SAMPLES, utcnow
-from db.transactions import WRITE_OPTION, retrying
-
-SAMPLE_FIELDS = (
-    "prompt",
-    "response",
-    "ground_truth",
-    "pred",
-    "reward",
-    "score",
-    "overlong_penalty",
-    "correct",
-    "length",
-    "truncated",
+from db.errors import StoreUnavailable, first_line
+from db.models import EVALUATION_FIELDS, EVALUATIONS, METRICS, SAMPLE_FIELDS, SAMPLES, utcnow
+from db.transactions import (
+    WRITE_OPTION,
+    is_outage,
+    is_transient,
+    outage_budget,
+    outage_wait,
+    retrying,
 )
-EVALUATION_FIELDS = ("dataset", "k", "avg_at_k", "pass_at_k", "cons_at_k", "n_problems")
+
 MAX_NAME = 200  # metrics.name and evaluations.dataset are VARCHAR(200)
 METRIC_COLUMNS = ("run_id", "step", "name", "value")
 # PostgreSQL: the whole step as one statement over two arrays, so the server parses and plans
@@ -45,7 +57,13 @@ _PG_METRICS = (
     "FROM unnest(%(names)s::varchar[], %(values)s::float8[]) AS u(name, value) "
     "ON CONFLICT (run_id, step, name) DO UPDATE SET value = EXCLUDED.value"
 )
-_RECONNECTS = 3  # a dropped connection is replaced this many times per write
+# Writes held in memory during an outage before they go to the spill file (a tiny run's step
+# is ~3 writes of a few kB; a real one with samples, tens of kB).
+MEMORY_WRITES = 256
+SPILL_PREFIX = "store-spill-run"
+
+Write = dict[str, Any]
+"""One queued write, JSON-able: {"kind": "metrics" | "samples" | "evaluation", "step", ...}."""
 
 
 def upsert(engine: sa.Engine, table: sa.Table) -> Any:
@@ -94,12 +112,82 @@ def _step(step: Any) -> int:
     return value
 
 
-class SqlSink:
-    """Metrics, samples and evaluations of one run (see the module docstring)."""
+class _SpillFile:
+    """Writes queued on disk, oldest first: appended as JSON lines (fsynced), read back in
+    order. A line torn by a crash (the last one) is dropped: that write never returned."""
 
-    def __init__(self, engine: sa.Engine, run_id: int) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writes: deque[Write] | None = None
+        self.count = 0
+        self._read_at = 0  # byte offset of the next unread line
+        if path.exists():
+            offsets = [offset for _, offset in self._lines(0)]
+            self.count = len(offsets)
+            end = offsets[-1] if offsets else 0
+            if path.stat().st_size > end:
+                # A torn last line: cut it, or the next append would be glued to it.
+                with path.open("r+b") as handle:
+                    handle.truncate(end)
+
+    def _lines(self, offset: int) -> Iterator[tuple[Write, int]]:
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            for raw in handle:
+                if not raw.endswith(b"\n"):
+                    return  # torn by a crash mid-append
+                offset += len(raw)
+                yield json.loads(raw), offset
+
+    def append(self, writes: Sequence[Write]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as handle:
+            for write in writes:
+                handle.write(json.dumps(write, allow_nan=True).encode() + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.count += len(writes)
+
+    def head(self) -> Write | None:
+        for write, _ in self._lines(self._read_at):
+            return write
+        return None
+
+    def pop(self) -> None:
+        for _, offset in self._lines(self._read_at):
+            self._read_at = offset
+            self.count -= 1
+            break
+        else:  # nothing left to read, whatever the count said
+            self.count = 0
+        if self.count <= 0:
+            self.path.unlink(missing_ok=True)
+            self.count, self._read_at = 0, 0
+
+
+class SqlSink:
+    """Metrics, samples and evaluations of one run (see the module docstring).
+
+    `where` names the store in messages; `spill_dir` is the run directory (no spill file
+    without one: the queue then stays in memory for the whole budget); `outage_s` is the
+    budget (default $DAPO_STORE_OUTAGE_S, else OUTAGE_S).
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        run_id: int,
+        *,
+        where: str = "the store",
+        spill_dir: str | Path | None = None,
+        outage_s: float | None = None,
+        memory_writes: int = MEMORY_WRITES,
+    ) -> None:
         self.engine = engine
         self.run_id = int(run_id)
+        self.where = where
+        self.outage_s = outage_budget() if outage_s is None else float(outage_s)
+        self.memory_writes = int(memory_writes)
         metrics = METRICS
         stmt = upsert(engine, metrics)
         stmt = stmt.on_conflict_do_update(
@@ -123,6 +211,22 @@ class SqlSink:
         self._samples = SAMPLES
         self.closed = False
         self._conn: sa.Connection | None = None
+        # The queue of writes an outage holds back: the spill file (older) before memory.
+        self._memory: deque[Write] = deque()
+        self._spill: _SpillFile | None = None
+        if spill_dir is not None:
+            self._spill = _SpillFile(Path(spill_dir) / f"{SPILL_PREFIX}{self.run_id}.jsonl")
+        self._outage_since: float | None = None
+        self._failures = 0
+        self._next_try = 0.0
+        self._last_error = ""
+        # Writes an earlier sink of this run left in the spill file (it died or gave up
+        # during an outage): they go to the store first.
+        self.left_behind = self.pending
+        if self.left_behind:
+            self._drain(block=False)
+
+    # --- the MetricsSink protocol ---------------------------------------------------------
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """All scalars of one step in one transaction (upserted on (run, step, name))."""
@@ -132,38 +236,20 @@ class SqlSink:
             if not isinstance(name, str) or not name or len(name) > MAX_NAME:
                 raise ValueError(f"metric names are 1..{MAX_NAME} characters, got {name!r}")
             try:
-                items.append((name, number(value)))
+                items.append([name, number(value)])
             except ValueError as error:
                 raise ValueError(f"metric {name!r} at step {at}: {error}") from None
         if not items:
             return
         # A fixed row order: two writers upserting overlapping keys lock them in the same order.
         items.sort()
-        params: Any
-        if self._postgres:
-            names, values = zip(*items, strict=True)
-            params = {
-                "run_id": self.run_id,
-                "step": at,
-                "names": list(names),
-                "values": list(values),
-            }
-        else:
-            params = [(self.run_id, at, name, value) for name, value in items]
-        self._write(lambda conn: conn.exec_driver_sql(self._metrics_sql, params))
+        self._submit({"kind": "metrics", "step": at, "items": items})
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """The step's rollouts, replacing whatever that step held before."""
         at = _step(step)
         rows = [self._sample_row(at, i, sample) for i, sample in enumerate(samples)]
-        table = self._samples
-
-        def work(conn: sa.Connection) -> None:
-            conn.execute(sa.delete(table).where(table.c.run_id == self.run_id, table.c.step == at))
-            if rows:
-                conn.execute(sa.insert(table), rows)
-
-        self._write(work)
+        self._submit({"kind": "samples", "step": at, "rows": rows})
 
     def log_evaluation(self, step: int, result: Mapping[str, Any]) -> None:
         """One evaluation (dataset, k, avg@k, pass@k, cons@k, n_problems), upserted on
@@ -186,14 +272,21 @@ class SqlSink:
             "cons_at_k": number(result.get("cons_at_k")),
             "n_problems": None if n_problems is None else int(n_problems),
             "extra": jsonable(extra) if extra else None,
-            "created_at": utcnow(),
         }
-        self._write(lambda conn: conn.execute(self._evaluations, row))
+        self._submit({"kind": "evaluation", "step": at, "row": row})
 
     def close(self) -> None:
-        """Release the sink's connection (every call already committed; nothing is buffered)."""
-        self.closed = True
-        self._drop_connection()
+        """Write back whatever an outage still holds (waiting for the store up to the rest of
+        the budget), then release the connection. Raises StoreUnavailable when the store did
+        not come back in time; the spill file then keeps the writes."""
+        if self.closed:
+            return
+        try:
+            if self.pending:
+                self._drain(block=True)
+        finally:
+            self.closed = True
+            self._drop_connection()
 
     def __enter__(self) -> SqlSink:
         return self
@@ -201,15 +294,148 @@ class SqlSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def pending(self) -> int:
+        """Writes an outage holds back, not yet in the store."""
+        return len(self._memory) + (self._spill.count if self._spill is not None else 0)
+
+    # --- the queue ------------------------------------------------------------------------
+
+    def _submit(self, write: Write) -> None:
+        if self.closed:
+            raise ValueError(f"the sink of run {self.run_id} is closed")
+        if not self.pending:
+            try:
+                self._apply(write)
+                return
+            except sa.exc.DBAPIError as error:
+                if not self._down(error):
+                    raise
+                self._outage(error)
+        self._enqueue(write)
+        self._drain(block=False)
+
+    def _enqueue(self, write: Write) -> None:
+        if self._spill is not None and (
+            self._spill.count or len(self._memory) >= self.memory_writes
+        ):
+            # Memory is full (or the file already holds older writes): the file takes the
+            # queue, so that its order stays oldest first.
+            self._spill.append([*self._memory, write])
+            self._memory.clear()
+        else:
+            self._memory.append(write)
+
+    def _head(self) -> Write | None:
+        if self._spill is not None and self._spill.count:
+            return self._spill.head()
+        return self._memory[0] if self._memory else None
+
+    def _pop(self) -> None:
+        if self._spill is not None and self._spill.count:
+            self._spill.pop()
+        else:
+            self._memory.popleft()
+
+    def _drain(self, *, block: bool) -> None:
+        """Write the queue back, oldest first. Without `block`, only when the back-off allows
+        and only until the store fails again; with it, wait (within the budget) until all is
+        written. Raises StoreUnavailable once the outage outlasts the budget."""
+        while self.pending:
+            now = time.monotonic()
+            if now < self._next_try:
+                if not block:
+                    self._check_budget(now)
+                    return
+                time.sleep(self._next_try - now)
+            write = self._head()
+            if write is None:  # only torn lines were left in the spill file
+                self._pop()
+                continue
+            try:
+                self._apply(write)
+            except sa.exc.DBAPIError as error:
+                if not self._down(error):
+                    raise
+                self._outage(error)
+                self._check_budget(time.monotonic())
+                continue
+            self._pop()
+        self._outage_since, self._failures, self._next_try = None, 0, 0.0
+
+    def _down(self, error: sa.exc.DBAPIError) -> bool:
+        """An error that means "the store is not answering now" (and not "this write is
+        wrong"): worth queueing and trying again."""
+        return is_outage(error) or is_transient(error)
+
+    def _outage(self, error: sa.exc.DBAPIError) -> None:
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
+        self._failures += 1
+        self._next_try = now + outage_wait(self._failures)
+        self._last_error = first_line(getattr(error, "orig", None) or error)
+        self._drop_connection()
+
+    def _check_budget(self, now: float) -> None:
+        if self._outage_since is None or now - self._outage_since <= self.outage_s:
+            return
+        kept = (
+            f"; {self.pending} write(s) not yet in it are kept in {self._spill.path}"
+            if self._spill is not None and self._spill.count
+            else f"; {self.pending} write(s) not yet in it are lost"
+        )
+        if self._spill is not None and self._memory:
+            self._spill.append(list(self._memory))  # keep what memory holds too
+            self._memory.clear()
+            kept = f"; {self.pending} write(s) not yet in it are kept in {self._spill.path}"
+        raise StoreUnavailable(
+            f"the store {self.where} has been unreachable for more than {self.outage_s:g} s "
+            f"({self._last_error}): run {self.run_id} stops{kept}"
+        )
+
+    # --- writing --------------------------------------------------------------------------
+
+    def _apply(self, write: Write) -> None:
+        kind, at = write["kind"], int(write["step"])
+        if kind == "metrics":
+            params: Any
+            items = write["items"]
+            if self._postgres:
+                params = {
+                    "run_id": self.run_id,
+                    "step": at,
+                    "names": [name for name, _ in items],
+                    "values": [value for _, value in items],
+                }
+            else:
+                params = [(self.run_id, at, name, value) for name, value in items]
+            self._write(lambda conn: conn.exec_driver_sql(self._metrics_sql, params))
+        elif kind == "samples":
+            rows, table = write["rows"], self._samples
+
+            def work(conn: sa.Connection) -> None:
+                conn.execute(
+                    sa.delete(table).where(table.c.run_id == self.run_id, table.c.step == at)
+                )
+                if rows:
+                    conn.execute(sa.insert(table), rows)
+
+            self._write(work)
+        elif kind == "evaluation":
+            row = {**write["row"], "created_at": utcnow()}
+            self._write(lambda conn: conn.execute(self._evaluations, row))
+        else:  # pragma: no cover - only this module writes the queue
+            raise ValueError(f"unknown queued write {kind!r}")
+
     def _write(self, work: Callable[[sa.Connection], Any]) -> None:
         """Run `work` in one write transaction on the sink's own connection.
 
         The sink keeps one connection for its life (no pool checkout, ping and reset per step:
-        a step costs one transaction, nothing more). If the server drops it (a restart), the
-        step is written again on a new connection: every write is idempotent.
+        a step costs one transaction, nothing more). A connection the server dropped is
+        replaced on the next write; lock errors are retried here (db.transactions), outages
+        go back to the queue.
         """
-        if self.closed:
-            raise ValueError(f"the sink of run {self.run_id} is closed")
 
         def transaction() -> None:
             conn = self._connection()
@@ -221,13 +447,7 @@ class SqlSink:
                     self._drop_connection()
                 raise
 
-        for reconnects in range(_RECONNECTS + 1):
-            try:
-                retrying(transaction)
-                return
-            except sa.exc.DBAPIError as error:
-                if not error.connection_invalidated or reconnects == _RECONNECTS:
-                    raise
+        retrying(transaction)
 
     def _connection(self) -> sa.Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:

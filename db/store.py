@@ -3,31 +3,38 @@
 flows/ creates a sweep, starts one run row per attempt of an (arm, seed), hands the trainer a
 `sink(run_id)`, and marks the run done. Every method is one short transaction, retried on
 lock or serialization errors, so many workers (processes, Ray actors on other machines) can
-share one store.
+share one store; an outage of the store (a server restart, a dropped network) is waited out
+for up to `outage_s` seconds (db.transactions.OUTAGE_S, or $DAPO_STORE_OUTAGE_S), after which
+the call fails with one line naming the store (db.errors.StoreUnavailable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from db import engine as db_engine
-from db.errors import NotFound
+from db.errors import NotFound, StoreUnavailable, first_line
 from db.models import (
     EVALUATIONS,
     METRICS,
     RUN_STATUSES,
     RUNS,
     SAMPLES,
+    STORE_IDENTITY,
+    SUPERSEDED,
     SWEEP_STATUSES,
     SWEEPS,
     TERMINAL_STATUSES,
     utcnow,
 )
 from db.sink import SqlSink, jsonable, text, upsert
-from db.transactions import retrying, write_transaction
+from db.transactions import is_outage, outage_budget, retrying, write_transaction
+
+T = TypeVar("T")
 
 # Fields update_run accepts, with the type each is stored as.
 RUN_FIELDS: dict[str, type] = {
@@ -40,6 +47,7 @@ RUN_FIELDS: dict[str, type] = {
     "checkpoint_dir": str,
     "flow_run_id": str,
     "host": str,
+    "tries": int,
 }
 
 
@@ -57,16 +65,81 @@ def _unique_violation(error: sa.exc.IntegrityError) -> bool:
     return "unique constraint failed" in str(orig).lower()
 
 
-class Store:
-    """The store at `url` (default: $DAPO_DB_URL, else the local SQLite file)."""
+def sweep_status_of(
+    cells: Mapping[tuple[str, int], str | None],
+) -> tuple[str, str | None]:
+    """A sweep's status from the status of the newest attempt of each of its (arm, seed)
+    (None: never attempted), and a one-line error for a failed or cancelled sweep.
 
-    def __init__(self, url: str | None = None) -> None:
+    Anything running → running; all completed → completed; else failed, cancelled, or (some
+    never attempted, nothing running, nothing failed) pending.
+    """
+    statuses = list(cells.values())
+    if any(s == "running" for s in statuses):
+        return "running", None
+    if statuses and all(s == "completed" for s in statuses):
+        return "completed", None
+    for status in ("failed", "cancelled"):
+        bad = sorted(f"{arm} s{seed}" for (arm, seed), s in cells.items() if s == status)
+        if bad:
+            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+            return (
+                status,
+                f"{len(bad)} of {len(cells)} arm runs {status}: {', '.join(bad[:3])}{more}",
+            )
+    return "pending", None
+
+
+class Store:
+    """The store at `url` (default: $DAPO_DB_URL, else the local SQLite file).
+
+    `outage_s`: how long a call waits out an unreachable store before it fails (default
+    $DAPO_STORE_OUTAGE_S, else db.transactions.OUTAGE_S).
+    """
+
+    def __init__(self, url: str | None = None, *, outage_s: float | None = None) -> None:
         self.url = db_engine.resolve_url(url)
         self.engine = db_engine.get_engine(self.url)
         self.where = db_engine.safe_url(self.url)
+        self.outage_s = outage_budget() if outage_s is None else float(outage_s)
+        self._store_id: str | None = None
 
     def __repr__(self) -> str:
         return f"Store({self.where!r})"
+
+    def _retry(self, work: Callable[[], T], *, outage_s: float | None = None) -> T:
+        """retrying() with this store's outage budget; an outage that outlasts it is one line."""
+        budget = self.outage_s if outage_s is None else outage_s
+        try:
+            return retrying(work, outage_s=budget)
+        except sa.exc.DBAPIError as error:
+            if not is_outage(error):
+                raise
+            orig = getattr(error, "orig", None) or error
+            raise StoreUnavailable(
+                f"the store {self.where} is unreachable (waited {budget:g} s): {first_line(orig)}"
+            ) from error
+
+    def _read(self, query: Callable[[sa.Connection], T]) -> T:
+        def work() -> T:
+            with self.engine.connect() as conn:
+                return query(conn)
+
+        return self._retry(work)
+
+    @property
+    def store_id(self) -> str:
+        """The store's own id, a UUID drawn when it was created (it names run directories)."""
+        if self._store_id is None:
+            found = self._read(
+                lambda conn: conn.execute(
+                    sa.select(STORE_IDENTITY.c.store_id).where(STORE_IDENTITY.c.id == 1)
+                ).scalar()
+            )
+            if not found:
+                raise RuntimeError(f"the store {self.where} has no store id: run `dapo db upgrade`")
+            self._store_id = str(found)
+        return self._store_id
 
     # --- sweeps --------------------------------------------------------------------------
 
@@ -94,11 +167,15 @@ class Store:
         for rung in ladder:
             if not rung.get("arm"):
                 raise ValueError(f"every ladder entry needs an 'arm', got {dict(rung)}")
+            # parent: what the table's delta compares against; grid: the swept values of a
+            # grid arm (the dashboard plots a metric against them).
             rungs.append(
                 {
                     "arm": str(rung["arm"]),
                     "adds": rung.get("adds"),
                     "paper_score": rung.get("paper_score"),
+                    "parent": rung.get("parent"),
+                    "grid": rung.get("grid") or None,
                 }
             )
         now = utcnow()
@@ -121,7 +198,78 @@ class Store:
                 result = conn.execute(sa.insert(SWEEPS).values(**values))
                 return int(result.inserted_primary_key[0])  # type: ignore[index]
 
-        return retrying(work)
+        # Not retried through an outage: an INSERT whose COMMIT was lost would be a second
+        # sweep, and the user who asked for one is there to try again.
+        return self._retry(work, outage_s=0.0)
+
+    def extend_sweep(
+        self,
+        sweep_id: int,
+        *,
+        arms: Sequence[str],
+        seeds: Sequence[int],
+        params: Mapping[str, Any] | None,
+    ) -> None:
+        """Widen a sweep's definition (an explicit `--extend`): its arms, seeds and stored
+        parameters become these; arms and seeds may only be added, never dropped."""
+        sweep = self.get_sweep(sweep_id)
+        arms, seeds = [str(a) for a in arms], [int(s) for s in seeds]
+        dropped = [a for a in sweep["arms"] if a not in arms] + [
+            str(s) for s in sweep["seeds"] if s not in seeds
+        ]
+        if dropped:
+            raise ValueError(f"extending sweep {sweep_id} cannot drop {', '.join(dropped)}")
+        values = {
+            "arms": arms,
+            "seeds": seeds,
+            "params": None if params is None else jsonable(dict(params)),
+            "updated_at": utcnow(),
+        }
+        self._update(SWEEPS, sweep_id, values, "sweep")
+
+    def refresh_sweep_status(self, sweep_id: int) -> str:
+        """Recompute a sweep's status from the newest attempt of each of its (arm, seed) (see
+        sweep_status_of), store it and return it. An arm that finishes outside its sweep's
+        own flow run (`dapo arm`, a rerun) calls this, so a sweep whose driver died does not
+        stay "running" once its arms are done."""
+        runs = RUNS
+
+        def work() -> str:
+            with write_transaction(self.engine) as conn:
+                sweep = conn.execute(
+                    sa.select(SWEEPS.c.arms, SWEEPS.c.seeds, SWEEPS.c.status).where(
+                        SWEEPS.c.id == int(sweep_id)
+                    )
+                ).first()
+                if sweep is None:
+                    raise NotFound(f"no sweep with id {sweep_id} in {self.where}")
+                rows = conn.execute(
+                    sa.select(runs.c.arm, runs.c.seed, runs.c.status)
+                    .where(runs.c.sweep_id == int(sweep_id))
+                    .order_by(runs.c.attempt)
+                ).all()
+                newest = {(str(arm), int(seed)): str(status) for arm, seed, status in rows}
+                cells = {
+                    (str(arm), int(seed)): newest.get((str(arm), int(seed)))
+                    for arm in sweep.arms
+                    for seed in sweep.seeds
+                }
+                status, error = sweep_status_of(cells)
+                if status != sweep.status:
+                    now = utcnow()
+                    conn.execute(
+                        sa.update(SWEEPS)
+                        .where(SWEEPS.c.id == int(sweep_id))
+                        .values(
+                            status=status,
+                            error=error,
+                            updated_at=now,
+                            finished_at=now if status in TERMINAL_STATUSES else None,
+                        )
+                    )
+                return status
+
+        return self._retry(work)
 
     def set_sweep_status(self, sweep_id: int, status: str, *, error: str | None = None) -> None:
         """pending | running | completed | failed | cancelled; a terminal one stamps finished_at."""
@@ -140,12 +288,7 @@ class Store:
 
     def get_sweep(self, sweep_id: int) -> dict[str, Any]:
         """The sweep as a dict (id/sweep_id, name, preset, status, arms, seeds, ladder, ...)."""
-        table = SWEEPS
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(table).where(table.c.id == int(sweep_id))).first()
-        if row is None:
-            raise NotFound(f"no sweep with id {sweep_id} in {self.where}")
-        return row_dict(row, table, "sweep_id")
+        return self._get(SWEEPS, sweep_id, "sweep")
 
     # --- runs ----------------------------------------------------------------------------
 
@@ -202,16 +345,17 @@ class Store:
 
         for _ in range(20):
             try:
-                return retrying(work)
+                # Not retried through an outage either (see create_sweep).
+                return self._retry(work, outage_s=0.0)
             except sa.exc.IntegrityError as error:
                 if not _unique_violation(error):
                     raise
         raise RuntimeError(f"could not number a new attempt of {arm}/seed {seed} (contention)")
 
-    def update_run(self, run_id: int, **fields: Any) -> None:
-        """Set some of: status, error, steps, grad_updates, tokens, wall_s, checkpoint_dir,
-        flow_run_id, host. A terminal status (completed, failed, cancelled) stamps finished_at;
-        "running" clears it."""
+    def update_run(self, run_id: int, *, outage_s: float | None = None, **fields: Any) -> None:
+        """Set some of: status, error, steps, grad_updates, tokens, wall_s, tries,
+        checkpoint_dir, flow_run_id, host. A terminal status (completed, failed, cancelled)
+        stamps finished_at; "running" clears it. `outage_s`: this call's outage budget."""
         unknown = sorted(set(fields) - set(RUN_FIELDS))
         if unknown:
             raise ValueError(
@@ -233,16 +377,63 @@ class Store:
                 )
             values["finished_at"] = utcnow() if status in TERMINAL_STATUSES else None
         values["updated_at"] = utcnow()
-        self._update(RUNS, run_id, values, "run")
+        self._update(RUNS, run_id, values, "run", outage_s=outage_s)
+
+    def supersede(self, run_id: int, by: int, why: str) -> bool:
+        """Record that the newer attempt `by` took over from attempt `run_id` (superseded_by);
+        one still marked "running" (its driver died) becomes SUPERSEDED, with `why` in its
+        error. Returns whether its status changed."""
+        now = utcnow()
+        finished = {
+            "status": SUPERSEDED,
+            "error": text(f"superseded by run {by}: {why}"),
+            "finished_at": now,
+        }
+
+        def work() -> int:
+            with write_transaction(self.engine) as conn:
+                conn.execute(
+                    sa.update(RUNS)
+                    .where(RUNS.c.id == int(run_id))
+                    .values(superseded_by=int(by), updated_at=now)
+                )
+                result = conn.execute(
+                    sa.update(RUNS)
+                    .where(RUNS.c.id == int(run_id), RUNS.c.status == "running")
+                    .values(**finished)
+                )
+                return int(result.rowcount)
+
+        return self._retry(work) > 0
+
+    def begin_try(self, run_id: int) -> float:
+        """Count one more try of an attempt (an actor that trains it); returns the wall time
+        of its earlier tries, which this try's time is added to (see set_wall)."""
+
+        def work() -> float:
+            with write_transaction(self.engine) as conn:
+                row = conn.execute(
+                    sa.select(RUNS.c.wall_s, RUNS.c.tries).where(RUNS.c.id == int(run_id))
+                ).first()
+                if row is None:
+                    raise NotFound(f"no run with id {run_id} in {self.where}")
+                conn.execute(
+                    sa.update(RUNS)
+                    .where(RUNS.c.id == int(run_id))
+                    .values(tries=int(row.tries or 0) + 1, updated_at=utcnow())
+                )
+                return float(row.wall_s or 0.0)
+
+        return self._retry(work)
+
+    def set_wall(self, run_id: int, seconds: float, *, outage_s: float | None = None) -> None:
+        """The attempt's wall time so far: its earlier tries plus the current one."""
+        values = {"wall_s": float(seconds), "updated_at": utcnow()}
+        self._update(RUNS, run_id, values, "run", outage_s=outage_s)
 
     def get_run(self, run_id: int) -> dict[str, Any]:
         """The run as a dict (id/run_id, sweep_id, arm, seed, attempt, status, config, ...)."""
-        table = RUNS
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(table).where(table.c.id == int(run_id))).first()
-        if row is None:
-            raise NotFound(f"no run with id {run_id} in {self.where}")
-        return row_dict(row, table, "run_id")
+        return self._get(RUNS, run_id, "run")
 
     def completed_run(self, sweep_id: int, arm: str, seed: int, config_hash: str) -> int | None:
         """The latest completed attempt of (sweep, arm, seed) with this config hash, if any
@@ -260,8 +451,7 @@ class Store:
             .order_by(runs.c.attempt.desc())
             .limit(1)
         )
-        with self.engine.connect() as conn:
-            found = conn.execute(query).scalar()
+        found = self._read(lambda conn: conn.execute(query).scalar())
         return None if found is None else int(found)
 
     def latest_attempt(self, sweep_id: int, arm: str, seed: int) -> dict[str, Any] | None:
@@ -275,8 +465,7 @@ class Store:
             .order_by(runs.c.attempt.desc())
             .limit(1)
         )
-        with self.engine.connect() as conn:
-            row = conn.execute(query).first()
+        row = self._read(lambda conn: conn.execute(query).first())
         return None if row is None else row_dict(row, runs, "run_id")
 
     def copy_history(self, from_run: int, to_run: int, up_to_step: int) -> None:
@@ -303,16 +492,42 @@ class Store:
                 copy(conn, EVALUATIONS, ["run_id", "dataset", "k", "step"])
                 copy(conn, SAMPLES, ["run_id", "step", "idx"])
 
-        retrying(work)
+        self._retry(work)
 
-    def sink(self, run_id: int) -> SqlSink:
-        """The metrics sink of one run (see db.sink.SqlSink)."""
+    def sink(self, run_id: int, *, spill_dir: str | Path | None = None) -> SqlSink:
+        """The metrics sink of one run (see db.sink.SqlSink); `spill_dir` (the run directory)
+        is where it keeps the steps an outage holds back once they outgrow its memory."""
         self.get_run(run_id)
-        return SqlSink(self.engine, int(run_id))
+        return SqlSink(
+            self.engine, int(run_id), where=self.where, spill_dir=spill_dir, outage_s=self.outage_s
+        )
+
+    def replay_spill(self, run_id: int, run_dir: str | Path) -> int:
+        """Write into the store what an earlier sink of `run_id` left in its spill file under
+        `run_dir` (a process that died during an outage); returns the number of writes."""
+        with self.sink(run_id, spill_dir=run_dir) as sink:
+            return sink.left_behind
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _update(self, table: sa.Table, row_id: int, values: dict[str, Any], what: str) -> None:
+    def _get(self, table: sa.Table, row_id: int, what: str) -> dict[str, Any]:
+        """Row `row_id` of `table` as row_dict gives it, the key also under `{what}_id`."""
+        row = self._read(
+            lambda conn: conn.execute(sa.select(table).where(table.c.id == int(row_id))).first()
+        )
+        if row is None:
+            raise NotFound(f"no {what} with id {row_id} in {self.where}")
+        return row_dict(row, table, f"{what}_id")
+
+    def _update(
+        self,
+        table: sa.Table,
+        row_id: int,
+        values: dict[str, Any],
+        what: str,
+        *,
+        outage_s: float | None = None,
+    ) -> None:
         def work() -> int:
             with write_transaction(self.engine) as conn:
                 result = conn.execute(
@@ -320,5 +535,5 @@ class Store:
                 )
                 return int(result.rowcount)
 
-        if retrying(work) == 0:
+        if self._retry(work, outage_s=outage_s) == 0:
             raise NotFound(f"no {what} with id {row_id} in {self.where}")

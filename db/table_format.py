@@ -1,8 +1,9 @@
 """The ablation table as text: aligned columns for a terminal, CSV, and Markdown.
 
-Input is db.queries.ablation_table (fractions); everything printed is in percent, Δs in
-percentage points. `ablation_records` gives the same cells as dicts of strings, for a Prefect
-table artifact or any other place that shows the table.
+Input is db.queries.ablation_table (fractions, and db.stats.Estimate records); everything
+printed is in percent, Δs in percentage points. `ablation_records` is the one place that
+decides the columns and their cells: `dapo table`, the dashboard and the Prefect artifact all
+show its output. The CSV (`render(table, "csv")`) is the one export, intervals included.
 """
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from db import stats
 
 if TYPE_CHECKING:  # pandas is imported by the caller; `dapo --help` need not pay for it
     import pandas as pd
 
 FORMATS = ("text", "csv", "markdown")
 MISSING = "—"
+SIGNIFICANT = "*"  # after a difference whose 95% interval excludes 0
 # Columns whose cells are numbers (right-aligned in text and Markdown).
-_LEFT = {"arm", "adds", "status"}
+_LEFT = {"arm", "adds", "parent", "status"}
 
 
 def _missing(value: Any) -> bool:
@@ -31,15 +35,6 @@ def pct(value: Any, signed: bool = False) -> str:
     if _missing(value):
         return MISSING
     return f"{100.0 * float(value):{'+' if signed else ''}.1f}"
-
-
-def mean_std(mean: Any, std: Any, n: int) -> str:
-    """'32.0 ± 2.8' in percent; one seed has no spread, so only its mean."""
-    if _missing(mean):
-        return MISSING
-    if n < 2 or _missing(std):
-        return pct(mean)
-    return f"{100.0 * float(mean):.1f} ± {100.0 * float(std):.1f}"
 
 
 def count(value: Any) -> str:
@@ -63,20 +58,43 @@ def seed_list(table: pd.DataFrame) -> list[int]:
     return sorted({int(s) for seeds in table["seeds"] for s in (seeds or [])})
 
 
+def estimate_text(
+    estimate: stats.Estimate | None, *, signed: bool = False, n_expected: int | None = None
+) -> str:
+    """A mean and its 95% interval in percent: '43.0 [38.2, 47.8]'; a difference also gets
+    ' *' when its interval excludes 0 ('+5.0 [+1.2, +8.8] *'). One value: '44.0 (n=1, no
+    interval)', so a single seed never reads as a certain number. When fewer values went in
+    than the row has seeds (a difference over the seeds two arms share), '(n=2)' says so."""
+    if estimate is None or estimate.n == 0 or _missing(estimate.mean):
+        return MISSING
+    value = pct(estimate.mean, signed)
+    if not estimate.has_interval:
+        return f"{value} (n={estimate.n}, no interval)"
+    text = f"{value} [{pct(estimate.low, signed)}, {pct(estimate.high, signed)}]"
+    if signed and estimate.excludes_zero:
+        text += f" {SIGNIFICANT}"
+    if n_expected is not None and estimate.n != n_expected:
+        text += f" (n={estimate.n})"
+    return text
+
+
 def ablation_records(table: pd.DataFrame) -> list[dict[str, str]]:
-    """One dict of display strings per arm, in the table's (ladder) order."""
+    """One dict of display strings per arm, in the table's (ladder) order: the columns of
+    `dapo table`, the dashboard's table and the Prefect artifact alike."""
     seeds = seed_list(table)
     records = []
     for row in table.to_dict("records"):
-        per_seed = dict(zip(row["seeds"] or [], row["scores"] or [], strict=False))
         n = int(row["n_seeds"] or 0)
-        record = {"arm": str(row["arm"]), "adds": str(row["adds"] or "")}
+        per_seed = dict(zip(row["seeds"] or [], row["scores"] or [], strict=False))
+        record = {"arm": str(row["arm"]), "adds": str(row["adds"] or ""), "n": str(n)}
+        record["start"] = pct(row["start_mean"])
+        record["final"] = estimate_text(row["score"])
+        record["gain"] = estimate_text(row["gain"], signed=True, n_expected=n)
+        record["parent"] = MISSING if _missing(row["parent"]) else str(row["parent"])
+        record["Δ parent"] = estimate_text(row["delta_parent"], signed=True, n_expected=n)
+        record["Δ base"] = estimate_text(row["delta_base"], signed=True, n_expected=n)
         for seed in seeds:
             record[f"seed {seed}"] = pct(per_seed.get(seed))
-        record["mean ± std"] = mean_std(row["score_mean"], row["score_std"], n)
-        record["best"] = mean_std(row["best_mean"], row["best_std"], n)
-        record["Δ prev"] = pct(row["delta_prev"], signed=True)
-        record["Δ base"] = pct(row["delta_base"], signed=True)
         paper = row["paper_score"]
         record["paper"] = MISSING if _missing(paper) else f"{float(paper):.1f}"
         record["steps"] = count(row["steps"])
@@ -88,27 +106,74 @@ def ablation_records(table: pd.DataFrame) -> list[dict[str, str]]:
     return records
 
 
-def caption(table: pd.DataFrame, sweep: Mapping[str, Any] | None = None) -> str:
-    """One line saying what the numbers are (and of which sweep)."""
+def metric_label(table: pd.DataFrame) -> str:
+    """'aime2024 avg@4': the evaluation that scores the table."""
     dataset = next((d for d in table["eval_dataset"] if not _missing(d)), None)
     k = next((int(v) for v in table["eval_k"] if not _missing(v)), None)
-    metric = f"{dataset} avg@{k}" if dataset is not None and k is not None else "avg@k"
+    return f"{dataset} avg@{k}" if dataset is not None and k is not None else "avg@k"
+
+
+def caption(table: pd.DataFrame, sweep: Mapping[str, Any] | None = None) -> str:
+    """What the numbers are (and of which sweep), in one line."""
     what = (
-        f"final {metric} in %, mean ± std over seeds; best = best evaluation; "
-        "Δ in percentage points; paper = Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
+        f"final {metric_label(table)} in %, mean over seeds [95% t-interval over seeds]; "
+        "start = the starting model (step-0 evaluation); gain = final − start; Δ parent, "
+        f"Δ base: paired by seed, in percentage points, {SIGNIFICANT} = the interval excludes 0; "
+        "n=1: one seed, no interval; paper = Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
     )
     if sweep is None:
         return what
     return f"sweep {sweep['id']} '{sweep['name']}' (preset {sweep['preset']}, {sweep['status']}): {what}"
 
 
-def _aligned(records: Sequence[Mapping[str, str]]) -> str:
+def leader_of(table: pd.DataFrame) -> stats.Leader:
+    """The arm with the highest mean final score and its lead over the runner-up, paired by
+    seed (stats.leader over the table's per-seed scores)."""
+    scores = {
+        str(row["arm"]): dict(zip(row["seeds"] or [], row["scores"] or [], strict=True))
+        for row in table.to_dict("records")
+    }
+    return stats.leader(scores)
+
+
+def headline(lead: stats.Leader) -> str:
+    """The 'best arm' line: it names an arm only when its lead over the runner-up is
+    significant (paired 95% interval over seeds above 0); otherwise it says no arm leads."""
+    if lead.best is None:
+        return "No arm has a score yet."
+    if lead.runner_up is None:
+        return f"Only {lead.best} has a score ({pct(lead.best_mean)}%): nothing to compare yet."
+    gap = f"{lead.best} − {lead.runner_up}"
+    diff = lead.lead
+    if lead.significant:
+        return (
+            f"Best arm: {lead.best} ({pct(lead.best_mean)}%), ahead of {lead.runner_up} by "
+            f"{pct(diff.mean, True)} pp [{pct(diff.low, True)}, {pct(diff.high, True)}] "
+            f"(paired over {diff.n} seeds)."
+        )
+    if diff.n == 0:
+        return (
+            f"No arm leads significantly: {lead.best} has the highest mean "
+            f"({pct(lead.best_mean)}%) but shares no seed with {lead.runner_up}."
+        )
+    if not diff.has_interval:
+        return (
+            f"No arm leads significantly: {gap} = {pct(diff.mean, True)} pp "
+            f"(n={diff.n}, no interval)."
+        )
+    return (
+        f"No arm leads significantly: {gap} = {pct(diff.mean, True)} pp "
+        f"[{pct(diff.low, True)}, {pct(diff.high, True)}] (paired over {diff.n} seeds)."
+    )
+
+
+def _aligned(records: Sequence[Mapping[str, str]], left: Collection[str] = _LEFT) -> str:
     columns = list(records[0])
     widths = {c: max(len(c), *(len(r[c]) for r in records)) for c in columns}
 
     def line(cells: Mapping[str, str]) -> str:
         parts = [
-            cells[c].ljust(widths[c]) if c in _LEFT else cells[c].rjust(widths[c]) for c in columns
+            cells[c].ljust(widths[c]) if c in left else cells[c].rjust(widths[c]) for c in columns
         ]
         return "  ".join(parts).rstrip()
 
@@ -117,52 +182,69 @@ def _aligned(records: Sequence[Mapping[str, str]]) -> str:
     return "\n".join([header, rule, *(line(r) for r in records)])
 
 
-def _markdown(records: Sequence[Mapping[str, str]]) -> str:
+def _escape(text: str) -> str:
+    """Markdown-safe: the significance mark '*' must not open or close emphasis."""
+    return text.replace("*", "\\*")
+
+
+def _markdown(records: Sequence[Mapping[str, str]], left: Collection[str] = _LEFT) -> str:
     columns = list(records[0])
 
     def cell(text: str) -> str:
-        return text.replace("|", "\\|")
+        return _escape(text).replace("|", "\\|")
 
     head = "| " + " | ".join(columns) + " |"
-    align = "|" + "|".join(":---" if c in _LEFT else "---:" for c in columns) + "|"
+    align = "|" + "|".join(":---" if c in left else "---:" for c in columns) + "|"
     body = ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in records]
     return "\n".join([head, align, *body])
 
 
 def _csv(table: pd.DataFrame) -> str:
-    """Numbers for a spreadsheet: scores and Δs in percent (columns suffixed _pct)."""
+    """Numbers for a spreadsheet: scores and Δs in percent (columns suffixed _pct), each
+    statistic with its 95% interval (_low/_high; empty where there is none) and n."""
     seeds = seed_list(table)
     buffer = io.StringIO()
     writer: Any = None
+
+    def p(value: Any) -> Any:
+        return "" if _missing(value) else round(100.0 * float(value), 6)
+
     for row in table.to_dict("records"):
         per_seed = dict(zip(row["seeds"] or [], row["scores"] or [], strict=False))
         per_seed_best = dict(zip(row["seeds"] or [], row["best_scores"] or [], strict=False))
-
-        def p(value: Any) -> Any:
-            return "" if _missing(value) else round(100.0 * float(value), 6)
-
+        per_seed_start = dict(zip(row["seeds"] or [], row["start_scores"] or [], strict=False))
         out: dict[str, Any] = {"arm": row["arm"], "adds": row["adds"] or ""}
+        out["parent"] = "" if _missing(row["parent"]) else row["parent"]
         out["paper_score_pct"] = "" if _missing(row["paper_score"]) else row["paper_score"]
+        out["n_seeds"] = row["n_seeds"]
         for seed in seeds:
             out[f"score_seed{seed}_pct"] = p(per_seed.get(seed))
         for seed in seeds:
+            out[f"start_seed{seed}_pct"] = p(per_seed_start.get(seed))
+        for seed in seeds:
             out[f"best_seed{seed}_pct"] = p(per_seed_best.get(seed))
-        for name in (
-            "score_mean",
-            "score_std",
-            "best_mean",
-            "best_std",
-            "delta_prev",
-            "delta_base",
-        ):
-            out[f"{name}_pct"] = p(row[name])
-        out["n_seeds"] = row["n_seeds"]
+        out["start_mean_pct"] = p(row["start_mean"])
+        for name in ("score", "gain", "delta_parent", "delta_base"):
+            estimate: stats.Estimate = row[name]
+            out[f"{name}_mean_pct" if name == "score" else f"{name}_pct"] = p(estimate.mean)
+            out[f"{name}_low_pct"], out[f"{name}_high_pct"] = p(estimate.low), p(estimate.high)
+            out[f"{name}_n"] = estimate.n
+            if name != "score":
+                out[f"{name}_significant"] = int(estimate.excludes_zero)
+        out["score_std_pct"] = p(row["score_std"])
+        for name in ("gain", "delta_parent", "delta_base"):
+            # one seed only: the interval over eval problems (problem sampling, not seeds)
+            problems: stats.Estimate = row[f"{name}_problems"]
+            out[f"{name}_problems_low_pct"] = p(problems.low)
+            out[f"{name}_problems_high_pct"] = p(problems.high)
+        out["best_mean_pct"], out["best_std_pct"] = p(row["best_mean"]), p(row["best_std"])
         for name in ("steps", "grad_updates", "tokens", "wall_s"):
             value = row[name]
             out[name] = "" if _missing(value) else (round(float(value), 3))
         out["status"] = row["status"]
         out["eval_dataset"] = "" if _missing(row["eval_dataset"]) else row["eval_dataset"]
         out["eval_k"] = "" if _missing(row["eval_k"]) else int(row["eval_k"])
+        out["interval"] = f"{round(100 * stats.LEVEL)}% {stats.OVER_SEEDS}"
         if writer is None:
             writer = csv.DictWriter(buffer, fieldnames=list(out), lineterminator="\n")
             writer.writeheader()
@@ -171,7 +253,8 @@ def _csv(table: pd.DataFrame) -> str:
 
 
 def render(table: pd.DataFrame, fmt: str, sweep: Mapping[str, Any] | None = None) -> str:
-    """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line."""
+    """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line and
+    the headline (which arm leads, if any does significantly)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if table.empty:
@@ -180,5 +263,7 @@ def render(table: pd.DataFrame, fmt: str, sweep: Mapping[str, Any] | None = None
         return _csv(table)
     records = ablation_records(table)
     body = _aligned(records) if fmt == "text" else _markdown(records)
-    note = caption(table, sweep)
-    return f"{note}\n\n{body}\n" if fmt == "text" else f"{body}\n\n*{note}*\n"
+    note, lead = caption(table, sweep), headline(leader_of(table))
+    if fmt == "text":
+        return f"{note}\n\n{body}\n\n{lead}\n"
+    return f"{body}\n\n*{_escape(note)}*\n\n{lead}\n"

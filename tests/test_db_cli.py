@@ -71,7 +71,7 @@ def filled(store_url: str) -> fx.FixtureStore:
 
 def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     """The dispatcher's main() in this process (same code path, no interpreter start)."""
-    from flows.cli import main
+    from dapo_lab.cli import main
 
     assert main(list(args)) == 0
     return capsys.readouterr().out
@@ -84,15 +84,16 @@ def test_table_text_markdown_and_csv(
     lines = run_in_process(capsys, "table", *sweep).splitlines()
     assert lines[0].startswith(f"sweep {filled.sweep_id} 'ladder' (preset tiny, running)")
     assert "aime2024 avg@4" in lines[0]
-    body = [line.split()[0] for line in lines[4:]]
+    body = [line.split()[0] for line in lines[4 : 4 + len(fx.ARMS)]]
     assert body == fx.ARMS  # ladder order
-    grpo, dapo_row = lines[4], lines[-1]
-    assert "32.0 ± 2.8" in grpo and "+0.0" in grpo and "completed" in grpo
-    assert "+8.0" in dapo_row and "+18.0" in dapo_row and "running" in dapo_row
+    grpo, dapo_row = lines[4], lines[3 + len(fx.ARMS)]
+    assert "32.0 [6.6, 57.4]" in grpo and "completed" in grpo  # mean [95% t-interval]
+    assert "+7.0 (n=1, no interval)" in dapo_row and "running" in dapo_row  # one seed
+    assert lines[-1].startswith("No arm leads significantly: dapo − token_loss")
 
     md = run_in_process(capsys, "table", *sweep, "--format", "markdown")
     rows = [r for r in md.splitlines() if r.startswith("| ")]
-    assert rows[0].startswith("| arm | adds | seed 0 | seed 1 | mean ± std |")
+    assert rows[0].startswith("| arm | adds | n | start | final | gain | parent | Δ parent |")
     assert [r.split(" | ")[0][2:] for r in rows[1:]] == fx.ARMS
     assert "| 44.0 | — |" in rows[4]  # soft_punish: seed 1 failed
 
@@ -104,14 +105,19 @@ def test_table_text_markdown_and_csv(
     for row, (_, expected) in zip(parsed, table.iterrows(), strict=True):
         assert float(row["score_mean_pct"]) == pytest.approx(100 * expected["score_mean"])
         assert row["status"] == expected["status"]
-    assert parsed[0]["delta_prev_pct"] == ""
-    assert float(parsed[-1]["delta_base_pct"]) == pytest.approx(18.0)
+    assert parsed[0]["delta_parent_pct"] == ""
+    # dapo − grpo on seed 0 only (50 − 30): a number, and no interval
+    assert float(parsed[-1]["delta_base_pct"]) == pytest.approx(20.0)
+    assert parsed[-1]["delta_base_low_pct"] == "" and parsed[-1]["delta_base_n"] == "1"
+    # token_loss − grpo = (13, 12) pp: 12.5 ± 12.7062 · 0.5 -> [6.146898, 18.853102]
+    assert float(parsed[4]["delta_base_low_pct"]) == pytest.approx(6.146898, abs=1e-5)
 
 
 def test_the_console_script_prints_the_table(filled: fx.FixtureStore) -> None:
     done = dapo("table", "--sweep", str(filled.sweep_id), url=filled.url)
     assert done.returncode == 0, done.stderr
-    assert [line.split()[0] for line in done.stdout.splitlines()[4:]] == fx.ARMS
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[4 : 4 + len(fx.ARMS)]] == fx.ARMS
 
 
 def test_table_defaults_to_the_newest_sweep(
@@ -120,6 +126,13 @@ def test_table_defaults_to_the_newest_sweep(
     out = run_in_process(capsys, "table", "--format", "markdown", "--url", filled.url)
     arms = [r.split(" | ")[0][2:] for r in out.splitlines()[2:] if r.startswith("| ")]
     assert arms == fx.ARMS[:2]
+
+
+def test_an_unknown_dataset_or_k_names_those_there_are(filled: fx.FixtureStore) -> None:
+    for args in (("--dataset", "nosuch"), ("--k", "99")):
+        done = dapo("table", "--sweep", str(filled.sweep_id), *args, url=filled.url)
+        line = one_error_line(done)
+        assert done.returncode == 2 and "it has: aime2024 avg@4" in line and not done.stdout
 
 
 def test_a_missing_sweep_is_one_line(filled: fx.FixtureStore) -> None:
@@ -173,3 +186,71 @@ def test_help_names_the_store() -> None:
     done = dapo("--help")
     assert "DAPO_DB_URL" in done.stdout and "table" in done.stdout and "db" in done.stdout
     assert dapo("db").returncode == 2
+
+
+def test_every_store_command_takes_store_and_still_takes_url(tmp_path: Path) -> None:
+    """One flag name for the store in every command (`--url` stays as a hidden alias)."""
+    url = f"sqlite:///{tmp_path / 'flag.db'}"
+    assert dapo("db", "upgrade", "--store", url).returncode == 0
+    assert "(up to date)" in dapo("db", "current", "--store", url).stdout
+    assert "has no sweeps yet" in one_error_line(dapo("table", "--store", url))
+    assert "(up to date)" in dapo("db", "current", "--url", url).stdout
+    for command in (("db", "upgrade"), ("db", "current"), ("table",)):
+        shown = dapo(*command, "--help").stdout
+        assert "--store URL" in shown and "--url" not in shown
+
+
+def test_a_foreign_sqlite_file_is_refused_until_upgraded_on_purpose(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "notes.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.close()
+    before = path.read_bytes()
+    url = f"sqlite:///{path}"
+    line = one_error_line(dapo("sweep", "--arms", "grpo", "--store", url))
+    assert line == (
+        f"error: {url} is not a DAPO Lab store: it holds 1 other table(s) (notes); point "
+        "--store at an empty database, or run `dapo db upgrade --store URL` to add the store's "
+        "tables to it"
+    )
+    assert path.read_bytes() == before
+    assert "not a DAPO Lab store: it holds notes" in dapo("db", "current", "--store", url).stdout
+    assert dapo("db", "upgrade", "--store", url).returncode == 0
+    assert "(up to date)" in dapo("db", "current", "--store", url).stdout
+
+
+def test_table_reads_a_store_in_a_read_only_directory(tmp_path: Path) -> None:
+    """`dapo table` opens the store read-only: nothing is created beside it, and it works
+    where nothing can be written at all (a SQLite matter: a server has no directory)."""
+    directory = tmp_path / "stores"
+    directory.mkdir()
+    url = f"sqlite:///{directory / 'dapo.db'}"
+    filled = fx.build_store(url)
+    db_engine.dispose(url)  # the last connection closes: the WAL is folded into the file
+    path = directory / "dapo.db"
+    before = sorted(p.name for p in directory.iterdir())
+    directory.chmod(0o555)
+    mounted = False
+    try:
+        if os.geteuid() == 0:  # root writes anyway: make it a read-only file system instead
+            ro = tmp_path / "ro"
+            ro.mkdir()
+            subprocess.run(["mount", "--bind", str(directory), str(ro)], check=True)
+            mounted = True
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+            path = ro / path.name
+        url = f"sqlite:///{path}"
+        done = dapo("table", "--sweep", str(filled.sweep_id), "--store", url)
+        assert done.returncode == 0, done.stderr
+        assert [line.split()[0] for line in done.stdout.splitlines()[4:] if line.strip()][
+            : len(fx.ARMS)
+        ] == fx.ARMS
+        line = one_error_line(dapo("sweep", "--arms", "grpo", "--store", url))
+        assert f"is in a read-only directory ({path.parent})" in line
+        assert sorted(p.name for p in path.parent.iterdir()) == before
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(tmp_path / "ro")], check=False)
+        directory.chmod(0o755)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
+import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,145 @@ def test_the_migrations_ship_inside_the_package() -> None:
     assert (root / "migrations" / "env.py").is_file()
     assert (root / "migrations" / "__init__.py").is_file()
     assert (root / "migrations" / "versions" / "__init__.py").is_file()  # found as a package
-    assert migrate.head_revision() == "0001_initial"
+    assert migrate.head_revision() == "0002_store_identity"
     project = tomllib.loads((root.parent / "pyproject.toml").read_text())
     assert "*.mako" in project["tool"]["setuptools"]["package-data"]["*"]
+
+
+# --- another application's database (issue 14.8) ----------------------------------------------
+
+
+def _foreign_sqlite(path: Path) -> bytes:
+    """Another application's SQLite file, in rollback-journal mode: its bytes."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.execute("CREATE TABLE tags (note INTEGER, tag TEXT)")
+        conn.execute("INSERT INTO notes (body) VALUES ('buy milk')")
+    conn.close()
+    return path.read_bytes()
+
+
+def test_another_applications_sqlite_file_is_left_alone(tmp_path: Path) -> None:
+    """It used to get the store's tables added and its journal switched to WAL."""
+    path = tmp_path / "notes.db"
+    before = _foreign_sqlite(path)
+    with pytest.raises(SchemaMismatch) as caught:
+        Store(f"sqlite:///{path}")
+    message = str(caught.value)
+    assert message.startswith(f"sqlite:///{path} is not a DAPO Lab store: it holds 2 other")
+    assert "(notes, tags)" in message and "dapo db upgrade" in message and "\n" not in message
+    assert path.read_bytes() == before  # not a byte changed: no tables, no WAL
+    assert not path.with_name("notes.db-wal").exists()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    conn.close()
+
+
+def test_another_applications_schema_on_postgres_is_left_alone(
+    request: pytest.FixtureRequest,
+) -> None:
+    url = request.getfixturevalue("pg_schemas")()
+    engine = db_engine.create(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE invoices (id integer primary key)"))
+    with pytest.raises(SchemaMismatch, match=r"is not a DAPO Lab store: it holds 1 other table"):
+        Store(url)
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == ["invoices"]
+    engine.dispose()
+
+
+def test_an_explicit_upgrade_adds_the_store_to_a_foreign_database(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    _foreign_sqlite(path)
+    engine = db_engine.create(f"sqlite:///{path}")
+    migrate.upgrade(engine, "s", adopt=True)
+    engine.dispose()
+    store = Store(f"sqlite:///{path}")  # now a store (beside the notes)
+    assert len(store.store_id) == 36
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT body FROM notes").fetchone() == ("buy milk",)
+    conn.close()
+
+
+def test_another_applications_alembic_history_is_not_called_newer(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('ae1027a6acf')")
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.close()
+    with pytest.raises(SchemaMismatch, match="is not a DAPO Lab store: it holds 1 other table"):
+        db_engine.get_engine(f"sqlite:///{path}")
+
+
+# --- a store in a read-only directory (issue 14.12) ---------------------------------------------
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A directory, and a function that makes it read-only for this process. As root,
+    permissions do not bind, so it is a small tmpfs remounted read-only; otherwise chmod 555."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    mounted = False
+    if os.geteuid() == 0:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(directory)], check=True
+        )
+        mounted = True
+
+    def make_read_only() -> None:
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+        else:
+            directory.chmod(0o555)
+
+    try:
+        yield directory, make_read_only
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(directory)], check=False)
+        else:
+            directory.chmod(0o755)
+
+
+def test_a_store_in_a_read_only_directory_says_so_and_reads(
+    read_only_dir: tuple[Path, Callable[[], None]],
+) -> None:
+    directory, make_read_only = read_only_dir
+    url = f"sqlite:///{directory / 'dapo.db'}"
+    store = Store(url)
+    sweep_id = store.create_sweep(
+        name="ro", preset="tiny", arms=["grpo"], seeds=[0], base_config={}, ladder=[{"arm": "grpo"}]
+    )
+    db_engine.dispose(url)  # the last connection closes: the WAL is folded into the file
+    make_read_only()
+    listing = sorted(p.name for p in directory.iterdir())
+    assert listing == ["dapo.db"]
+
+    with pytest.raises(PermissionError) as caught:
+        Store(url)
+    assert str(caught.value) == (
+        f"the SQLite store {directory / 'dapo.db'} is in a read-only directory ({directory}): "
+        "SQLite must write its journal beside it; move the store to a writable directory "
+        "(`dapo table` can still read it where it is)"
+    )
+    engine = db_engine.get_engine(url, read_only=True)
+    with engine.connect() as conn:
+        names = conn.execute(sa.text("SELECT name FROM sweeps WHERE id = :i"), {"i": sweep_id})
+        assert names.scalar() == "ro"
+    assert sorted(p.name for p in directory.iterdir()) == listing  # nothing created
+    db_engine.dispose(url)
+
+
+def test_reading_read_only_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo.db"
+    with pytest.raises(FileNotFoundError, match=f"no store at {missing}"):
+        db_engine.get_engine(f"sqlite:///{missing}", read_only=True)
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(SchemaMismatch, match="is empty"):
+        db_engine.get_engine(f"sqlite:///{empty}", read_only=True)
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from db import migrate, queries
 from db.engine import get_engine
-from db.errors import NotFound
+from db.errors import NotFound, SchemaMismatch
 from db.models import TABLES, Base
 from db.store import Store
 
@@ -106,7 +106,8 @@ def test_sweep_round_trip_and_status(store_url: str) -> None:
     assert sweep["sweep_id"] == sweep["id"] == sweep_id
     assert (sweep["name"], sweep["preset"], sweep["status"]) == ("ladder", "tiny", "pending")
     assert sweep["arms"] == ["grpo", "clip_higher"] and sweep["seeds"] == [0, 1]
-    assert sweep["ladder"] == LADDER
+    # parent and grid: the ladder rows of issue 15 (None for a plain ladder)
+    assert sweep["ladder"] == [{**rung, "parent": None, "grid": None} for rung in LADDER]
     assert sweep["base_config"] == {"algo": {"clip_high": 0.2}, "lr": 1e-5}
     assert sweep["params"] == {"steps": 5, "inf": "inf"}  # JSON has no infinity
     assert sweep["flow_run_id"] == "flow-1"
@@ -210,6 +211,122 @@ def test_completed_run_matches_config_hash_and_takes_the_latest(store_url: str) 
     assert store.completed_run(sweep_id, "grpo", 1, "hash-grpo") is None
 
 
+# --- the store's id (issue 14.1) --------------------------------------------------------------
+
+
+def test_every_store_has_its_own_id_drawn_once(store_url: str, tmp_path: Path) -> None:
+    """Run directories are named by it: two stores sharing a runs directory must differ."""
+    import uuid
+
+    from db.engine import dispose
+
+    first = Store(store_url).store_id
+    assert str(uuid.UUID(first)) == first
+    dispose(store_url)
+    assert Store(store_url).store_id == first  # stable across opens
+    other = Store(f"sqlite:///{tmp_path / 'other.db'}").store_id
+    assert other != first
+
+
+def test_a_store_upgraded_from_0001_gets_an_id_and_keeps_its_rows(store_url: str) -> None:
+    from alembic import command
+
+    from db import engine as db_engine
+
+    engine = db_engine.create(store_url)
+    with engine.begin() as conn:
+        command.upgrade(migrate.alembic_config(conn), "0001_initial")
+        conn.execute(
+            sa.text(
+                "INSERT INTO sweeps (name, preset, status, arms, seeds, ladder, base_config, "
+                "created_at, updated_at) VALUES ('old', 'tiny', 'completed', '[]', '[]', '[]', "
+                "'{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            )
+        )
+    if not store_url.startswith("sqlite"):  # a shared server is migrated on purpose
+        with pytest.raises(SchemaMismatch, match="run `dapo db upgrade`"):
+            Store(store_url)
+        migrate.upgrade(engine, "s")
+    engine.dispose()
+    store = Store(store_url)  # SQLite: upgraded on first use
+    assert len(store.store_id) == 36
+    assert store.get_sweep(1)["name"] == "old"
+
+
+# --- statuses and wall time (issue 14.6) -------------------------------------------------------
+
+
+def test_a_sweeps_status_follows_its_runs(store_url: str) -> None:
+    """An arm that finishes outside its sweep's flow run (the driver was killed) recomputes the
+    sweep's status: it used to stay "running" forever."""
+    store = Store(store_url)
+    sweep_id = new_sweep(store, arms=["grpo"], seeds=[0, 1])
+    store.set_sweep_status(sweep_id, "running")  # the driver died here
+    assert store.refresh_sweep_status(sweep_id) == "pending"  # nothing runs, nothing done
+    stale = new_run(store, sweep_id, "grpo", 0)
+    assert store.refresh_sweep_status(sweep_id) == "running"
+    done = new_run(store, sweep_id, "grpo", 0)
+    store.supersede(stale, done, "it resumed this attempt's checkpoint")
+    store.update_run(done, status="completed")
+    other = new_run(store, sweep_id, "grpo", 1)
+    store.update_run(other, status="failed", error="boom")
+    assert store.refresh_sweep_status(sweep_id) == "failed"
+    failed = store.get_sweep(sweep_id)
+    assert failed["error"] == "1 of 2 arm runs failed: grpo s1" and failed["finished_at"]
+    store.update_run(new_run(store, sweep_id, "grpo", 1), status="completed")
+    assert store.refresh_sweep_status(sweep_id) == "completed"
+    sweep = store.get_sweep(sweep_id)
+    assert sweep["status"] == "completed" and sweep["error"] is None
+
+
+def test_an_attempt_taken_over_is_marked_superseded(store_url: str) -> None:
+    store = Store(store_url)
+    sweep_id = new_sweep(store)
+    stale = new_run(store, sweep_id)  # left "running" by a killed driver
+    finished = new_run(store, sweep_id)
+    store.update_run(finished, status="failed", error="RuntimeError: boom")
+    newest = new_run(store, sweep_id)
+    assert store.supersede(stale, newest, "it started over")
+    run = store.get_run(stale)
+    assert run["status"] == "cancelled" and run["superseded_by"] == newest
+    assert run["error"] == f"superseded by run {newest}: it started over" and run["finished_at"]
+    # A finished attempt keeps its status and error; only the link is added.
+    assert not store.supersede(finished, newest, "it resumed this attempt's checkpoint")
+    kept = store.get_run(finished)
+    assert (kept["status"], kept["error"], kept["superseded_by"]) == (
+        "failed",
+        "RuntimeError: boom",
+        newest,
+    )
+
+
+def test_wall_time_adds_up_over_the_tries_of_an_attempt(store_url: str) -> None:
+    """A replaced actor is a second try of the same attempt: its time used to replace the
+    first try's instead of adding to it."""
+    store = Store(store_url)
+    run_id = new_run(store, new_sweep(store))
+    before = store.begin_try(run_id)
+    assert before == 0.0
+    store.set_wall(run_id, before + 40.0)  # the first actor died after 40 s
+    before = store.begin_try(run_id)
+    assert before == 40.0
+    store.set_wall(run_id, before + 25.5)
+    run = store.get_run(run_id)
+    assert (run["tries"], run["wall_s"]) == (2, 65.5)
+
+
+def test_extend_sweep_adds_arms_and_seeds_and_never_drops_them(store_url: str) -> None:
+    store = Store(store_url)
+    sweep_id = new_sweep(store, params={"seeds": [0, 1]})
+    store.extend_sweep(
+        sweep_id, arms=["grpo", "clip_higher"], seeds=[0, 1, 5], params={"seeds": [0, 1, 5]}
+    )
+    sweep = store.get_sweep(sweep_id)
+    assert sweep["seeds"] == [0, 1, 5] and sweep["params"] == {"seeds": [0, 1, 5]}
+    with pytest.raises(ValueError, match="cannot drop 1"):
+        store.extend_sweep(sweep_id, arms=["grpo", "clip_higher"], seeds=[0, 5], params=None)
+
+
 def test_timestamps_are_aware_utc(store_url: str) -> None:
     store = Store(store_url)
     before = datetime.now(UTC)
@@ -223,7 +340,7 @@ def test_timestamps_are_aware_utc(store_url: str) -> None:
 
 
 def test_sink_is_the_trainers_metrics_sink(store_url: str) -> None:
-    from dapo_core.protocols import MetricsSink
+    from dapo_core.train.protocols import MetricsSink
 
     store = Store(store_url)
     with store.sink(new_run(store, new_sweep(store))) as sink:

@@ -1,0 +1,308 @@
+"""Mechanism metrics: does each arm's change show in the training metric it is about?
+
+The ablation table says whether an arm helped; this says whether its mechanism did anything.
+Clip-Higher that never reaches its upper bound, or a soft overlong penalty that never fires,
+explains a flat Δ better than any seed spread. Input is db.queries.mechanism_table (one row per
+arm × metric: per-seed means over the first and last `window` rollout steps, their mean over
+seeds with a 95% t-interval, the paired Δ to the parent arm); this module holds what the rows
+are about and renders them as text, Markdown or CSV for `scripts/`, the README and the dashboard.
+
+Which metric an arm is about comes from what its change sets, never from its name: the dotted
+config keys in which its runs' stored config differs from its parent's (a grid's base arm, which
+has no parent, from its swept keys), looked up in FOCUS.
+
+Metric names are written out here because db/ does not import dapo_core (no torch in the store
+layer); tests/test_db_queries.py pins each one to dapo_core.metric_names, the source of truth.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from db import stats
+
+# The table's own aligned-text and Markdown writers: one look for both tables.
+from db.table_format import MISSING, SIGNIFICANT, _aligned, _escape, _markdown
+
+if TYPE_CHECKING:  # pandas is imported by the caller
+    import pandas as pd
+
+# --- the metrics (pinned to dapo_core.metric_names by a test) ---------------------------------
+TRUNCATED = "response_length/clip_ratio"  # fraction of responses cut at the length limit
+OVERLONG_PENALTY = "reward/overlong_penalty_mean"  # mean soft overlong penalty (<= 0)
+CLIP_HIGH = "clip_ratio/high"  # fraction of tokens at 1 + ε_high (A > 0)
+CLIP_LOW = "clip_ratio/low"  # fraction of tokens at 1 − ε_low (A < 0)
+ENTROPY = "entropy/mean"
+LONG_SHARE = "loss/long_share"  # loss weight of the longer half of responses (new: may be absent)
+KEPT_GROUPS = "sampling/kept_groups"  # fraction of generated groups that were informative
+TRAIN_INFORMATIVE = "sampling/train_informative"  # ... of the training batch's groups
+GEN_BATCHES = "sampling/gen_batches"  # generation batches per step
+LENGTH = "response_length/mean"
+ACC = "acc/mean"
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    TRUNCATED,
+    OVERLONG_PENALTY,
+    CLIP_HIGH,
+    CLIP_LOW,
+    ENTROPY,
+    LONG_SHARE,
+    KEPT_GROUPS,
+    TRAIN_INFORMATIVE,
+    GEN_BATCHES,
+    LENGTH,
+    ACC,
+)
+# Fractions, shown in percent (their Δ in percentage points); every other metric in its own
+# unit (entropy in nats, lengths in tokens, the penalty in reward units, batches as a count).
+PERCENT: frozenset[str] = frozenset(
+    {
+        TRUNCATED,
+        CLIP_HIGH,
+        CLIP_LOW,
+        LONG_SHARE,
+        KEPT_GROUPS,
+        TRAIN_INFORMATIVE,
+        ACC,
+        "clip_ratio/dual",
+    }
+)
+
+# Config key (dotted, as in the runs' stored config) -> the metrics its change is expected to
+# move, most telling first. The paper's reading of each technique (arXiv 2503.14476, §3):
+FOCUS: dict[str, tuple[str, ...]] = {
+    # overlong filtering masks truncated samples: watch how many there are
+    "algo.overlong_filter": (TRUNCATED,),
+    # Clip-Higher leaves room at the upper bound so low-probability tokens can grow: tokens at
+    # the bound and entropy (the paper's Figure 2: entropy no longer collapses)
+    "algo.clip_high": (CLIP_HIGH, ENTROPY),
+    "algo.clip_low": (CLIP_LOW, ENTROPY),
+    "algo.clip_c": ("clip_ratio/dual",),
+    # soft overlong punishment (Eq. 13): the penalty paid and the truncation it discourages
+    "algo.overlong_penalty": (OVERLONG_PENALTY, TRUNCATED),
+    "algo.overlong_cache_len": (OVERLONG_PENALTY, TRUNCATED),
+    "algo.overlong_penalty_factor": (OVERLONG_PENALTY, TRUNCATED),
+    "rollout.max_response_len": (TRUNCATED, LENGTH),
+    # the token-level loss (Eq. 12) gives long responses their tokens' weight
+    "algo.loss_agg": (LONG_SHARE,),
+    # dynamic sampling trains on informative groups only and generates until the batch is full
+    "algo.dynamic_sampling": (TRAIN_INFORMATIVE, GEN_BATCHES),
+    "algo.max_gen_batches": (GEN_BATCHES, TRAIN_INFORMATIVE),
+    "algo.entropy_coef": (ENTROPY,),
+    "algo.rollout_correction": ("mismatch/is_masked",),
+    "algo.rollout_is_cap": ("mismatch/is_masked",),
+}
+FOCUS_MARK = "◆"  # before a metric the arm's change is about
+
+
+# --- what an arm changes ----------------------------------------------------------------------
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"algo": {"clip_high": 0.28}} -> {"algo.clip_high": 0.28}; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, prefix=f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_changes(
+    config: Mapping[str, Any], parent_config: Mapping[str, Any], arm: str, parent: str
+) -> tuple[str, ...]:
+    """The dotted keys in which an arm's run config differs from its parent's (same seed),
+    sorted. Bookkeeping that only carries the arm's own name (`arm`: "clip_higher" vs
+    "overlong_filter") is left out: it is not a change to the algorithm."""
+    mine, theirs = flatten(config), flatten(parent_config)
+    out = []
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key), theirs.get(key)
+        if a == b or (a == arm and b == parent):
+            continue
+        out.append(key)
+    return tuple(out)
+
+
+def focus_metrics(changes: Iterable[str]) -> tuple[str, ...]:
+    """The metrics the changed keys are about (FOCUS), in the order the keys first name them."""
+    out: list[str] = []
+    for key in changes:
+        for metric in FOCUS.get(key, ()):
+            if metric not in out:
+                out.append(metric)
+    return tuple(out)
+
+
+# --- as text ----------------------------------------------------------------------------------
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def scale(metric: str) -> float:
+    """100 for a fraction (shown in percent), 1 otherwise."""
+    return 100.0 if metric in PERCENT else 1.0
+
+
+def unit(metric: str) -> str:
+    return "%" if metric in PERCENT else ""
+
+
+def _decimals(value: float) -> int:
+    """Three significant digits of `value`, at most four decimals: 13.5 -> 1, 0.135 -> 3."""
+    # rounded first, so that 0.99999999 (a float's 1.0) reads as 1.00, not 1.000
+    value = round(value, 9)
+    if value == 0.0 or not math.isfinite(value):
+        return 2
+    return min(4, max(0, 2 - math.floor(math.log10(abs(value)))))
+
+
+def value_text(estimate: stats.Estimate | None, metric: str, *, signed: bool = False) -> str:
+    """A mean over seeds in the metric's unit with its 95% interval: '13.5 [7.1, 19.9]'; a
+    difference gets ' *' when its interval excludes 0; one seed: '(n=1, no interval)'; no
+    value (a metric the runs did not log): '—'."""
+    if estimate is None or estimate.n == 0 or _missing(estimate.mean):
+        return MISSING
+    k = scale(metric)
+    places = _decimals(k * estimate.mean)
+    sign = "+" if signed else ""
+
+    def num(x: float) -> str:
+        return f"{k * x:{sign}.{places}f}"
+
+    if not estimate.has_interval:
+        return f"{num(estimate.mean)} (n={estimate.n}, no interval)"
+    text = f"{num(estimate.mean)} [{num(estimate.low)}, {num(estimate.high)}]"
+    if signed and estimate.excludes_zero:
+        text += f" {SIGNIFICANT}"
+    return text
+
+
+def metric_label(metric: str) -> str:
+    """'clip_ratio/high (%)': the name with its unit when it is shown in percent."""
+    return f"{metric} ({unit(metric)})" if unit(metric) else metric
+
+
+def _window(table: pd.DataFrame) -> int:
+    return int(table["window"].iloc[0]) if len(table) else 0
+
+
+def mechanism_records(table: pd.DataFrame, *, focus_only: bool = False) -> list[dict[str, str]]:
+    """One dict of display strings per (arm, metric), in the table's order. `focus_only`
+    keeps the metrics each arm's change is about (its signature); an arm that changes keys
+    no metric is about shows one row saying so, and an arm that changes nothing (the base)
+    none."""
+    w = _window(table)
+    records: list[dict[str, str]] = []
+    shown_arms: set[str] = set()
+    for row in table.to_dict("records"):
+        arm = str(row["arm"])
+        changes = tuple(row["changes"] or ())
+        if focus_only and not row["focus"]:
+            if changes and arm not in shown_arms and not focus_metrics(changes):
+                shown_arms.add(arm)
+                records.append(_record(row, w, metric=f"(none for {', '.join(changes)})"))
+            continue
+        shown_arms.add(arm)
+        records.append(_record(row, w))
+    return records
+
+
+def _record(row: Mapping[str, Any], w: int, metric: str | None = None) -> dict[str, str]:
+    """One row's cells; `metric` replaces the metric's (and empties the numbers) when given."""
+    name = str(row["metric"])
+    empty = metric is not None
+    label = (f"{FOCUS_MARK} " if row["focus"] else "") + metric_label(name)
+    return {
+        "arm": str(row["arm"]),
+        "parent": MISSING if _missing(row["parent"]) else str(row["parent"]),
+        "changes": ", ".join(row["changes"] or ()) or MISSING,
+        "metric": metric if metric is not None else label,
+        f"first {w}": MISSING if empty else value_text(row["first"], name),
+        f"last {w}": MISSING if empty else value_text(row["last"], name),
+        "Δ parent": MISSING if empty else value_text(row["delta_parent"], name, signed=True),
+    }
+
+
+def caption(table: pd.DataFrame) -> str:
+    """What the numbers are, in one line."""
+    w = _window(table)
+    return (
+        f"per seed, the metric's mean over the first and the last {w} rollout steps of its "
+        "run (the runs behind the scores); mean over seeds [95% t-interval over seeds]; "
+        f"Δ parent: last-{w} mean − the parent arm's, paired by seed, {SIGNIFICANT} = the "
+        f"interval excludes 0; {FOCUS_MARK} = a metric the arm's change (its config diff to "
+        "its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
+        "logged"
+    )
+
+
+_LEFT = {"arm", "parent", "changes", "metric"}
+
+
+def _blank_repeats(records: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """For a terminal: an arm's name, parent and changes only on its first row."""
+    out, previous = [], None
+    for record in records:
+        copy = dict(record)
+        if record["arm"] == previous:
+            copy["arm"] = copy["parent"] = copy["changes"] = ""
+        previous = record["arm"]
+        out.append(copy)
+    return out
+
+
+def _csv(table: pd.DataFrame) -> str:
+    """Numbers for a spreadsheet, in the metric's own unit (fractions stay fractions): each
+    statistic's mean, 95% interval (_low / _high, empty without one) and n."""
+    buffer = io.StringIO()
+    columns = ["arm", "parent", "changes", "metric", "focus", "window"]
+    for name in ("first", "last", "delta_parent"):
+        columns += [f"{name}_mean", f"{name}_low", f"{name}_high", f"{name}_n"]
+    columns += ["delta_parent_significant", "interval"]
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+
+    def num(value: float) -> Any:
+        return "" if _missing(value) else round(float(value), 9)
+
+    for row in table.to_dict("records"):
+        out: dict[str, Any] = {
+            "arm": row["arm"],
+            "parent": "" if _missing(row["parent"]) else row["parent"],
+            "changes": " ".join(row["changes"] or ()),
+            "metric": row["metric"],
+            "focus": int(bool(row["focus"])),
+            "window": row["window"],
+        }
+        for name in ("first", "last", "delta_parent"):
+            estimate: stats.Estimate = row[name]
+            out[f"{name}_mean"], out[f"{name}_n"] = num(estimate.mean), estimate.n
+            out[f"{name}_low"], out[f"{name}_high"] = num(estimate.low), num(estimate.high)
+        out["delta_parent_significant"] = int(row["delta_parent"].excludes_zero)
+        out["interval"] = f"{round(100 * stats.LEVEL)}% {stats.OVER_SEEDS}"
+        writer.writerow(out)
+    return buffer.getvalue()
+
+
+def render(table: pd.DataFrame, fmt: str = "text", *, focus_only: bool = False) -> str:
+    """The mechanism table as text (aligned columns), Markdown or CSV; text and Markdown carry
+    the caption. `focus_only`: only the metrics each arm's change is about."""
+    if fmt not in ("text", "csv", "markdown"):
+        raise ValueError(f"format must be one of text, csv, markdown, got {fmt!r}")
+    if fmt == "csv":
+        return _csv(table)
+    records = mechanism_records(table, focus_only=focus_only)
+    if not records:
+        return "(no mechanism metrics)\n"
+    if fmt == "text":
+        return f"{caption(table)}\n\n{_aligned(_blank_repeats(records), left=_LEFT)}\n"
+    return f"{_markdown(records, left=_LEFT)}\n\n*{_escape(caption(table))}*\n"

@@ -1,0 +1,258 @@
+"""Store outages (issue 14.3): the sink buffers, retries with back-off and writes every step
+back exactly once; past the budget the run stops with one line and keeps what it holds.
+
+The outages are real: PostgreSQL is reached through a TCP proxy (tests/tcp_proxy.py) that the
+test takes down (every connection cut, new ones refused, as in a server restart) and brings
+back; SQLite is locked by another process holding an exclusive transaction.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tcp_proxy import TcpProxy
+
+from db import engine as db_engine
+from db.errors import StoreUnavailable
+from db.sink import SPILL_PREFIX, SqlSink
+from db.store import Store
+
+N_METRICS = 12
+
+
+def metrics(step: int) -> dict[str, float]:
+    return {f"m/{i:02d}": step * 100.0 + i for i in range(N_METRICS)}
+
+
+def samples(step: int) -> list[dict[str, Any]]:
+    return [{"prompt": f"p{step}", "response": f"r{step}-{i}", "reward": 1.0} for i in range(2)]
+
+
+def log_step(sink: SqlSink, step: int) -> None:
+    """What the trainer logs per step: metrics, samples, and every 5th step an evaluation."""
+    sink.log_metrics(step, metrics(step))
+    sink.log_samples(step, samples(step))
+    if step % 5 == 0:
+        sink.log_evaluation(step, {"dataset": "d", "k": 2, "avg_at_k": step / 100.0})
+
+
+def assert_every_step_once(
+    url: str, run_id: int, steps: range, logged: range | None = None
+) -> None:
+    """Every metric of every step exactly once with its value; samples and evaluations too
+    (for the steps in `logged`, default all: a step whose metrics call raised logged no more)."""
+    logged = steps if logged is None else logged
+    engine = db_engine.create(url)  # a direct engine: the test's view, not the sink's
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT step, name, value FROM metrics WHERE run_id = :r ORDER BY step, name"),
+            {"r": run_id},
+        ).all()
+        sample_rows = conn.execute(
+            sa.text("SELECT step, idx, response FROM samples WHERE run_id = :r ORDER BY step, idx"),
+            {"r": run_id},
+        ).all()
+        evals = conn.execute(
+            sa.text("SELECT step, avg_at_k FROM evaluations WHERE run_id = :r ORDER BY step"),
+            {"r": run_id},
+        ).all()
+    engine.dispose()
+    expected = [
+        (step, name, value) for step in steps for name, value in sorted(metrics(step).items())
+    ]
+    assert [(int(s), str(n), float(v)) for s, n, v in rows] == expected
+    assert [(int(s), int(i), str(r)) for s, i, r in sample_rows] == [
+        (step, i, f"r{step}-{i}") for step in logged for i in range(2)
+    ]
+    assert [(int(s), float(a)) for s, a in evals] == [
+        (step, step / 100.0) for step in logged if step % 5 == 0
+    ]
+
+
+def new_run(url: str, **store_kw: Any) -> tuple[Store, int]:
+    """The store at `url` (Store's keywords) and a new run in a sweep of its own."""
+    store = Store(url, **store_kw)
+    sweep = store.create_sweep(
+        name="outage", preset="tiny", arms=["grpo"], seeds=[0], base_config={},
+        ladder=[{"arm": "grpo"}],
+    )  # fmt: skip
+    run_id = store.start_run(
+        sweep_id=sweep, arm="grpo", seed=0, config={}, config_hash="h", host="test"
+    )
+    return store, run_id
+
+
+@pytest.fixture
+def proxy() -> Iterator[TcpProxy]:
+    from conftest import PG_HOST, PG_PORT
+
+    with TcpProxy((PG_HOST, PG_PORT)) as running:
+        yield running
+
+
+@pytest.fixture
+def pg_urls(proxy: TcpProxy, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(direct URL, URL through the proxy) of a fresh PostgreSQL schema."""
+    from conftest import PG_PORT
+
+    direct: str = request.getfixturevalue("pg_schemas")()
+    through = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
+    Store(direct)  # created directly, so the outage never meets a half-made schema
+    yield direct, through
+    db_engine.dispose(through)
+
+
+def test_a_postgres_outage_loses_and_duplicates_nothing(
+    proxy: TcpProxy, pg_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    direct, through = pg_urls
+    store, run_id = new_run(through, outage_s=60)
+    sink = store.sink(run_id, spill_dir=tmp_path)
+    slowest = 0.0
+    for step in range(1, 31):
+        if step == 10:
+            proxy.stop()  # connections cut mid-run; about 1.5 s of steps go by without a store
+        if step == 20:
+            proxy.start()
+        t0 = time.monotonic()
+        log_step(sink, step)
+        slowest = max(slowest, time.monotonic() - t0)
+        time.sleep(0.15)
+    sink.close()
+    assert sink.pending == 0
+    assert slowest < 1.0, f"a step waited {slowest:.1f} s for the store"  # training went on
+    assert_every_step_once(direct, run_id, range(1, 31))
+    assert not list(tmp_path.iterdir())  # nothing was spilled, nothing is left
+
+
+def test_a_long_outage_spills_to_the_run_directory_then_writes_it_back(
+    proxy: TcpProxy, pg_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    direct, through = pg_urls
+    store, run_id = new_run(through, outage_s=60)
+    sink = SqlSink(store.engine, run_id, where=store.where, spill_dir=tmp_path, memory_writes=4)
+    spill = tmp_path / f"{SPILL_PREFIX}{run_id}.jsonl"
+    for step in range(1, 26):
+        if step == 5:
+            proxy.stop()
+        if step == 15:
+            # ten steps (20+ writes) outgrew the memory of 4: they are on disk, in order
+            assert spill.is_file() and len(spill.read_text().splitlines()) == sink.pending > 4
+            proxy.start()
+        log_step(sink, step)
+        time.sleep(0.05)
+    sink.close()
+    assert not spill.exists()
+    assert_every_step_once(direct, run_id, range(1, 26))
+
+
+def test_past_the_budget_the_run_stops_in_one_line_and_the_store_gets_it_all_back(
+    proxy: TcpProxy, pg_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    direct, through = pg_urls
+    store, run_id = new_run(through, outage_s=1.0)
+    sink = store.sink(run_id, spill_dir=tmp_path)
+    for step in range(1, 6):
+        log_step(sink, step)
+    proxy.stop()
+    step = 5
+    with pytest.raises(StoreUnavailable) as caught:
+        while step < 100:
+            step += 1
+            log_step(sink, step)
+            time.sleep(0.1)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(
+        f"the store {db_engine.safe_url(through)} has been unreachable for more than 1 s"
+    )
+    spill = tmp_path / f"{SPILL_PREFIX}{run_id}.jsonl"
+    assert f"are kept in {spill}" in message and spill.is_file()
+    # The store comes back: the next attempt replays what the stopped run kept. The metrics
+    # call that raised had its write queued first, so it is kept too.
+    proxy.start()
+    assert Store(through).replay_spill(run_id, tmp_path) > 0
+    assert_every_step_once(direct, run_id, range(1, step + 1), logged=range(1, step))
+    assert not spill.exists()
+
+
+def test_store_calls_wait_out_a_short_outage(proxy: TcpProxy, pg_urls: tuple[str, str]) -> None:
+    """The flows' own writes (marking a run done) used to fail on the first dropped
+    connection, leaving the run "running"."""
+    import threading
+
+    direct, through = pg_urls
+    store, run_id = new_run(through, outage_s=30)
+    proxy.stop()
+    threading.Timer(1.5, proxy.start).start()
+    store.update_run(run_id, status="completed", steps=3)
+    assert Store(direct).get_run(run_id)["status"] == "completed"
+    proxy.stop()
+    with pytest.raises(StoreUnavailable) as caught:
+        Store(through, outage_s=0.5).update_run(run_id, status="failed")
+    assert "\n" not in str(caught.value) and "is unreachable (waited 0.5 s)" in str(caught.value)
+
+
+LOCKER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("LOCKED", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+"""
+
+
+def test_a_sqlite_store_locked_for_seconds_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dapo.db'}"
+    _store, run_id = new_run(url)  # the store stays open for the test
+    # The sink's own engine waits only 50 ms for the lock (the store's waits 30 s), so that a
+    # lock of 4 s is an outage to it and not a pause.
+    engine = db_engine.create(url, busy_timeout_s=0.05)
+    spill_dir = tmp_path / "run"
+    sink = SqlSink(engine, run_id, where=url, spill_dir=spill_dir, outage_s=60)
+    locker = None
+    try:
+        for step in range(1, 31):
+            if step == 5:
+                locker = subprocess.Popen(
+                    [sys.executable, "-c", LOCKER, str(tmp_path / "dapo.db"), "4"],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                assert locker.stdout is not None and locker.stdout.readline().strip() == "LOCKED"
+            log_step(sink, step)
+            time.sleep(0.2)
+        assert locker is not None and locker.wait(timeout=30) == 0
+        sink.close()
+    finally:
+        if locker is not None and locker.poll() is None:
+            locker.kill()
+        engine.dispose()
+    assert_every_step_once(url, run_id, range(1, 31))
+
+
+def test_a_spill_file_torn_by_a_crash_is_replayed_up_to_its_last_whole_line(
+    tmp_path: Path,
+) -> None:
+    """A process killed while appending to its spill file leaves half a line: the writes
+    before it go to the store, the torn one (whose call never returned) is dropped."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'dapo.db'}"
+    store, run_id = new_run(url)
+    spill = tmp_path / "run" / f"{SPILL_PREFIX}{run_id}.jsonl"
+    spill.parent.mkdir()
+    whole = [{"kind": "metrics", "step": s, "items": [["m/00", s * 1.0]]} for s in (1, 2)]
+    spill.write_text("".join(json.dumps(w) + "\n" for w in whole) + '{"kind": "metr')
+    assert store.replay_spill(run_id, spill.parent) == 2
+    assert not spill.exists()
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT step, name, value FROM metrics")).all()
+    assert [tuple(r) for r in rows] == [(1, "m/00", 1.0), (2, "m/00", 2.0)]
