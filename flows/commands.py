@@ -1,9 +1,12 @@
 """`dapo sweep`, `dapo arm`, `dapo serve`: the flows from the terminal.
 
-`dapo sweep` and `dapo arm` run the same Prefect flows as the served deployments, in this
-process (ephemeral Prefect, a local Ray unless RAY_ADDRESS is set), and print progress in
-words; `dapo serve` serves the deployments to a Prefect server (see flows/serve.py). Prefect and
-Ray are imported inside the commands so that `dapo --help` stays fast.
+`dapo sweep` and `dapo arm` check their input first (flows/checks.py: one line and exit 2 for a
+mistake, nothing written), then run the same Prefect flows as the served deployments in this
+process, against a temporary Prefect server that dies with the command (flows/local_server.py;
+$PREFECT_API_URL names a server of your own instead) and a local Ray unless RAY_ADDRESS is set,
+and print progress in words; `dapo serve` serves the deployments to a Prefect server (see
+flows/serve.py). Prefect and Ray are imported inside the commands so that `dapo --help` stays
+fast.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dapo_core.arms import ARM_NAMES
-from dapo_core.cli import non_negative_int, positive_int
-from dapo_core.presets import PRESETS
+from dapo_core.cli import non_negative_float, non_negative_int, number, positive_int
+from dapo_core.setup.ladders import BUILTIN_LADDERS
+from dapo_core.setup.presets import PRESETS
+from flows import progress
 
 ENV_HELP = """\
 where things go:
   run directories (checkpoints)  $DAPO_RUNS_DIR, default {runs}
   the experiment store           --store, else $DAPO_DB_URL, else a SQLite file (`dapo db current`)
-  Prefect's local database       $PREFECT_HOME, default {prefect}
+  Prefect                        $PREFECT_API_URL, else a temporary server of this command
+                                 whose database is in $PREFECT_HOME, default {prefect}
   Ray                            --ray-address, else $RAY_ADDRESS, else a local instance
                                  with this machine's CPUs"""
 
@@ -45,10 +50,13 @@ def register(subparsers: Any) -> None:
     """Add `sweep`, `arm` and `serve` to the `dapo` dispatcher."""
     p = subparsers.add_parser(
         "sweep",
-        help="run the ablation ladder (arms × seeds) through Prefect and Ray, then print the table",
+        help="run an ablation ladder (arms × seeds) through Prefect and Ray, then print the table",
         description="Run an ablation sweep: one training run per arm × seed, as many at once as "
-        "Ray's resources allow, recorded in the store; then print the ablation table. Arms "
-        "already completed in the sweep (--sweep) with the same config are skipped unless --force.",
+        "Ray's resources allow, recorded in the store; then print the ablation table. The arms "
+        "come from a ladder (--ladder: the paper's by default, another built-in one or a TOML "
+        "file; `dapo arms --ladder FILE` checks one) or from a grid around one arm (--grid). "
+        "Arms already completed in the sweep (--sweep) with the same config are skipped unless "
+        "--force.",
         epilog=_env_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -56,10 +64,24 @@ def register(subparsers: Any) -> None:
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
     p.add_argument(
+        "--ladder",
+        metavar="NAME_OR_FILE",
+        help=f"the ladder: {', '.join(BUILTIN_LADDERS)} or a .toml file (default paper)",
+    )
+    p.add_argument(
         "--arms",
         nargs="+",
         metavar="ARM",
-        help=f"ladder arms (default: all): {', '.join(ARM_NAMES)}; commas work too",
+        help="arms of the ladder to run (default: all; `dapo arms --ladder L` lists them); "
+        "with --grid, the one base arm (default: the ladder's last); commas work too",
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=V1,V2",
+        help="sweep a config field around the base arm, e.g. --grid algo.clip_high=0.24,0.28,0.32 "
+        "(repeatable: the cartesian product; each point is an arm whose parent is the base)",
     )
     p.add_argument(
         "--seeds",
@@ -112,10 +134,16 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sweep", type=positive_int, metavar="ID", help="sweep id (default: the latest sweep)"
     )
-    p.add_argument("--arm", required=True, help=f"ladder arm: {', '.join(ARM_NAMES)}")
+    p.add_argument("--arm", required=True, help="an arm of the sweep's ladder (see `dapo table`)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed (default 0)")
     p.add_argument(
         "--force", action="store_true", help="retrain even if completed with the same config"
+    )
+    p.add_argument(
+        "--extend",
+        action="store_true",
+        help="add this arm or seed to the sweep when it is not one of the sweep's (without it, "
+        "that is refused: the table compares arms over the same seeds)",
     )
     _resource_args(p, default_cpus=None, default_gpus=None)
     _location_args(p)
@@ -152,24 +180,39 @@ def _resource_args(
 ) -> None:
     p.add_argument(
         "--cpus",
-        type=_positive_float,
+        type=_positive_cpus,
         default=default_cpus,
-        help="CPUs per arm; torch gets that many threads"
+        help="CPUs per arm (per worker with --workers); torch gets that many threads"
         + (f" (default {default_cpus:g})" if default_cpus else " (default: the sweep's)"),
     )
     p.add_argument(
         "--gpus",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=default_gpus,
-        help="GPUs per arm"
+        help="GPUs per arm (per worker with --workers)"
         + (" (default 0)" if default_gpus is not None else " (default: the sweep's)"),
+    )
+    sweep = default_cpus is not None
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1 if sweep else None,
+        help="workers per arm: N Ray actors in one placement group (FSDP2), each with --cpus "
+        "and --gpus" + (" (default 1)" if sweep else " (default: the sweep's)"),
+    )
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        default=False if sweep else None,
+        help="spread an arm's workers over the cluster's nodes (default: pack them on as few "
+        "nodes as possible)",
     )
 
 
 def _location_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--store", metavar="URL", help="store URL (default: $DAPO_DB_URL, else the SQLite file)"
-    )
+    from db.cli import store_argument
+
+    store_argument(p)
     p.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else a local one)"
     )
@@ -178,10 +221,17 @@ def _location_args(p: argparse.ArgumentParser) -> None:
 # --- commands ------------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
     prepare_terminal()
-    arms = _split(args.arms) if args.arms else list(ARM_NAMES)
+    from flows import checks, ray_worker
+
+    # The ladder file is read here, and a grid expanded, so that the flow gets text (it may
+    # run on another machine) and a mistake in either is one line before anything starts.
+    ladder, arms = checks.sweep_ladder(
+        args.ladder, args.grid, _split(args.arms) if args.arms else None, args.preset
+    )
     raw: dict[str, Any] = {
         "preset": args.preset,
-        "arms": arms,
+        "ladder": ladder,
+        "arms": arms or [],
         "seeds": [s for group in args.seeds for s in group] if args.seeds is not None else [0],
         "steps": args.steps,
         "model": _absolute(args.model),
@@ -189,31 +239,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "eval_data": _absolute(args.eval),
         "eval_k": args.eval_k,
         "eval_problems": args.eval_problems,
-        "resources": {"cpus": args.cpus, "gpus": args.gpus},
-        "overrides": _overrides(args.set, args.preset, arms),
+        "resources": {
+            "cpus": args.cpus,
+            "gpus": args.gpus,
+            "workers": args.workers,
+            "placement": "SPREAD" if args.spread else "PACK",
+        },
+        "overrides": _overrides(args.set, args.preset, ladder),
         "store_url": args.store,
         "ray_address": args.ray_address,
         "force": args.force,
         "name": args.name,
     }
-    from flows import plan, ray_worker
-    from flows.params import SweepParams, validate
+    # The same checks the flow makes, here first: a user mistake costs no Prefect start-up,
+    # writes nothing, and is one line with exit 2.
+    params, _store, jobs = checks.prepare_sweep(raw, args.sweep)
+    ray_worker.probe_if_remote(params.ray_address)
+    from flows.cluster import preflight
 
-    if args.sweep is None:  # a typo fails here, before Prefect and the store are opened
-        plan.sweep_jobs(validate(SweepParams, raw))
-    from flows.sweep import ablation_sweep, prepare
-
-    # The same checks the flow makes, here first: a user mistake costs no Prefect start-up.
-    params, _store, jobs = prepare(raw, args.sweep)
-    if params.ray_address or os.environ.get("RAY_ADDRESS"):
-        ray_worker.probe_if_remote(params.ray_address)
-    display = Display(quiet=args.quiet)
+    preflight(params.ray_address, params.resources, [job.config for job in jobs])
+    # The wall time the orchestration line accounts for starts here, Prefect's start included.
     t0 = time.perf_counter()
+    start_services(params.ray_address, params.resources, len(jobs))
+    from flows.sweep import ablation_sweep
+
+    display = Display(quiet=args.quiet)
     state = _run_flow(ablation_sweep, display, **raw, sweep_id=args.sweep)
     wall = time.perf_counter() - t0
     sweep_id = args.sweep or display.sweep_id
     if sweep_id is not None:
-        print_table(params.store_url, sweep_id)
+        print_table(params.store_url, sweep_id, failed=not state.is_completed())
     results = state.result(raise_on_failure=False) if state.is_completed() else None
     if results:
         print(
@@ -226,22 +281,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"sweep {sweep_id} completed in {_duration(wall)} ({len(jobs)} arm run(s))", flush=True)
+    print(
+        f"sweep {sweep_id} completed in {progress.duration(wall)} ({len(jobs)} arm run(s))",
+        flush=True,
+    )
     return 0
 
 
 def cmd_arm(args: argparse.Namespace) -> int:
     prepare_terminal()
     from db.store import Store
-    from flows import plan, ray_worker
-    from flows.arm import ablation_arm
-    from flows.params import ArmParams, SweepParams, validate
+    from flows import checks, plan, ray_worker
+    from flows.params import ArmParams, validate
 
     store = Store(args.store)
     sweep_id = args.sweep or latest_sweep_id(store.url)
     resources = None
-    if args.cpus is not None or args.gpus is not None:
-        resources = {"cpus": args.cpus or 1.0, "gpus": args.gpus or 0.0}
+    given = {
+        "cpus": args.cpus,
+        "gpus": args.gpus,
+        "workers": args.workers,
+        "placement": "SPREAD" if args.spread else None,
+    }
+    if any(v is not None for v in given.values()):
+        # What is not given stays the sweep's (e.g. --workers 1 keeps the sweep's CPUs).
+        stored = (store.get_sweep(sweep_id).get("params") or {}).get("resources") or {}
+        resources = {**stored, **{k: v for k, v in given.items() if v is not None}}
     raw = {
         "sweep_id": sweep_id,
         "arm": args.arm,
@@ -251,14 +316,28 @@ def cmd_arm(args: argparse.Namespace) -> int:
         "store_url": args.store,
         "ray_address": args.ray_address,
         "publish": True,
+        "extend": args.extend,
     }
     p = validate(ArmParams, raw)
-    sweep = store.get_sweep(p.sweep_id)
-    plan.arm_job(validate(SweepParams, dict(sweep.get("params") or {})), p.arm, p.seed)
+    # The checks the flow makes, here first (one line, exit 2, nothing written): an arm or
+    # seed outside the sweep without --extend, a config or data file that does not work.
+    sweep_params = checks.arm_in_sweep(store.get_sweep(p.sweep_id), p.arm, p.seed, extend=p.extend)
+    config = plan.arm_job(sweep_params, p.arm, p.seed).config
+    checks.check_inputs([config])
     ray_worker.probe_if_remote(p.ray_address)
+    from flows.cluster import preflight
+
+    preflight(
+        p.ray_address or sweep_params.ray_address, p.resources or sweep_params.resources, [config]
+    )
+    start_services(
+        p.ray_address or sweep_params.ray_address, p.resources or sweep_params.resources, 1
+    )
+    from flows.arm import ablation_arm
+
     display = Display(quiet=args.quiet)
     state = _run_flow(ablation_arm, display, **raw)
-    print_table(args.store, sweep_id)
+    print_table(args.store, sweep_id, failed=not state.is_completed())
     if not state.is_completed():
         print(
             f"error: arm {args.arm} seed {args.seed} {state.name.lower()}: {_state_line(state)}",
@@ -288,15 +367,63 @@ def prepare_terminal(*, quiet_prefect: bool = True) -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # The ephemeral server's telemetry job races the flows for its SQLite file ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Should anything still start Prefect's own ephemeral server (a flow called from Python in
+    # this process without use_temporary_server), its first start on a new machine creates and
+    # migrates a database: Prefect's 20 s are not enough for that on a loaded machine.
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(int(local_server_timeout()))
+    )
     if quiet_prefect:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        # The run's errors reach this screen as one line (Display, the final state line);
+        # Prefect's console copy of them is a traceback. Its server still keeps every record.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     if quiet_prefect and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
+        # Other libraries' warnings are worth a line here; Prefect's records are not: the
+        # flows' own say them on this screen already (Display), a failure ends with its one
+        # line, and Prefect's copies carry tracebacks. Its server keeps them all.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda record: not record.name.startswith("prefect"))
     for name in ("ray", "filelock", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
     from flows import ray_worker
 
     ray_worker.check_working_dir()
+
+
+def local_server_timeout() -> float:
+    from flows.local_server import START_TIMEOUT_S
+
+    return START_TIMEOUT_S
+
+
+def start_services(ray_address: str | None, resources: Any, arms: int) -> None:
+    """Prefect, Ray and the arms' actors, started side by side: the temporary Prefect server
+    boots in its own process while this one joins (or starts) Ray and starts the actors the
+    first arms will train in (each imports torch and transformers: seconds of start-up)."""
+    from flows import plan, ray_worker
+
+    server = use_temporary_server(wait=False)
+    cluster = ray_worker.connect(ray_address)
+    ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
+    if server is not None:
+        server.wait_ready()
+
+
+def use_temporary_server(*, wait: bool = True) -> Any:
+    """Point this process's flows at a temporary Prefect server of its own (which dies with
+    it), unless $PREFECT_API_URL names one; returns the server, or None. Call it after the
+    input is checked (a mistake then starts nothing) and before Prefect is imported."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from flows import local_server
+
+    server = local_server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    if wait:
+        server.wait_ready()
+    return server
 
 
 class Display:
@@ -314,25 +441,43 @@ class Display:
         if "slots" in data:
             self.slots = int(data["slots"])
         if not self.quiet:
-            print(f"[{_duration(time.perf_counter() - self.t0)}] {message}", flush=True)
+            print(f"[{progress.duration(time.perf_counter() - self.t0)}] {message}", flush=True)
+        elif message.startswith("warning: "):  # not progress: --quiet keeps it, on stderr
+            print(message, file=sys.stderr, flush=True)
 
 
 def _run_flow(fn: Any, display: Display, **params: Any) -> Any:
-    from flows import progress, ray_worker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import ray_worker
 
     progress.set_listener(display)
+    # The server use_temporary_server chose, also for a Prefect that was imported before.
+    api_url = os.environ.get("PREFECT_API_URL")
     try:
-        return fn(**params, return_state=True)
+        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+            return fn(**params, return_state=True)
     finally:
         progress.set_listener(None)
         ray_worker.shutdown()
 
 
-def print_table(store_url: str | None, sweep_id: int) -> None:
-    from db.engine import resolve_url
+def print_table(store_url: str | None, sweep_id: int, *, failed: bool = False) -> None:
+    """The sweep's table. After a failed run the store may be what failed: then the table is
+    left out (the error line that follows says why) rather than a second error printed."""
+    import sqlalchemy as sa
+
+    from db.engine import explain, resolve_url
     from flows.publish import text
 
-    print(f"\n{text(resolve_url(store_url), sweep_id)}", flush=True)
+    url = resolve_url(store_url)
+    try:
+        table = text(url, sweep_id)
+    except (sa.exc.SQLAlchemyError, ConnectionError) as error:
+        if failed:
+            return
+        raise explain(error, url) from error
+    print(f"\n{table}", flush=True)
 
 
 def latest_sweep_id(url: str) -> int:
@@ -355,9 +500,10 @@ def orchestration_line(
     concurrency = max(1, min(slots or 1, len(trained)))
     training = sum(trained) / concurrency
     share = max(0.0, 1.0 - training / wall_s)
+    d = progress.duration
     return (
-        f"time: wall {_duration(wall_s)}; train() {_duration(sum(trained))} over {len(trained)} arm run(s), "
-        f"{concurrency} at a time ≈ {_duration(training)}; orchestration ≈ {100 * share:.0f}% of the wall time"
+        f"time: wall {d(wall_s)}; train() {d(sum(trained))} over {len(trained)} arm run(s), "
+        f"{concurrency} at a time ≈ {d(training)}; orchestration ≈ {100 * share:.0f}% of the wall time"
     )
 
 
@@ -380,22 +526,15 @@ def _absolute(value: str | None) -> str | None:
     return value
 
 
-def _overrides(items: list[str], preset: str, arms: list[str]) -> dict[str, Any]:
+def _overrides(items: list[str], preset: str, ladder: str) -> dict[str, Any]:
+    """`--set` values typed like the config's fields (any arm's config has every field)."""
     if not items:
         return {}
-    from dapo_core.arms import build_arm_config
     from dapo_core.cli import parse_sets
+    from flows.params import parse_ladder
 
-    base_arm = arms[0] if arms and arms[0] in ARM_NAMES else ARM_NAMES[0]
-    return parse_sets(
-        items,
-        build_arm_config(base_arm, preset) if preset in PRESETS else build_arm_config(base_arm),
-    )
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    resolved = parse_ladder(ladder, preset)  # checked by sweep_ladder already
+    return parse_sets(items, resolved.config(resolved.names[0], preset))
 
 
 def _seeds(text: str) -> list[int]:
@@ -403,22 +542,9 @@ def _seeds(text: str) -> list[int]:
     return [non_negative_int(part) for part in _split([text])] or [non_negative_int(text)]
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text)
+def _positive_cpus(text: str) -> float:
+    """--cpus: a number > 0 (unlike dapo_core.cli.positive_float, inf passes here)."""
+    value = number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
     return value

@@ -8,10 +8,11 @@ from typing import Any
 
 from prefect import flow
 
-from dapo_core.config import ExperimentConfig
+from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.run_dir import latest_step
 from db.store import Store
 from flows import plan, progress, ray_worker
-from flows.params import EvalParams, Resources, SweepParams, validate
+from flows.params import EvalParams, SweepParams, takes, validate
 
 FLOW_NAME = "evaluate-run"
 DEPLOYMENT_NAME = "dapo-eval"
@@ -20,7 +21,7 @@ DEPLOYMENT_NAME = "dapo-eval"
 def run_eval(p: EvalParams) -> dict[str, Any]:
     store = Store(p.store_url)
     run = store.get_run(p.run_id)
-    step = plan.checkpoint_step(run.get("checkpoint_dir"))
+    step = latest_step(run.get("checkpoint_dir"))
     if step is None:
         raise ValueError(
             f"run {p.run_id} has no checkpoint to evaluate (checkpoint_dir {run.get('checkpoint_dir')})"
@@ -38,7 +39,8 @@ def run_eval(p: EvalParams) -> dict[str, Any]:
     sweep_params = validate(
         SweepParams, dict(store.get_sweep(int(run["sweep_id"])).get("params") or {})
     )
-    resources = p.resources or sweep_params.resources
+    # An evaluation is one actor, whatever the workers the arm trained on.
+    resources = (p.resources or sweep_params.resources).model_copy(update={"workers": 1})
     cluster = ray_worker.connect(p.ray_address or sweep_params.ray_address)
     plan.check_fits(cluster, resources)
     progress.say(
@@ -78,36 +80,7 @@ def run_eval(p: EvalParams) -> dict[str, Any]:
     validate_parameters=False,
     persist_result=False,
 )
-def evaluate_run(
-    run_id: int,
-    eval_data: str | None = None,
-    eval_k: int | None = None,
-    eval_problems: int | None = None,
-    resources: Resources | None = None,
-    store_url: str | None = None,
-    ray_address: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate a run's latest checkpoint (avg@k, pass@k, cons@k) and store the result.
-
-    Args:
-        run_id: The store's run id (see the dashboard's run page or `dapo table`).
-        eval_data: Evaluation set: a data set name or a path (default: the run's).
-        eval_k: Samples per problem (default: the run's).
-        eval_problems: Evaluate on the first N problems (0: all; default: the run's).
-        resources: CPUs / GPUs for the evaluation's Ray actor (default: the sweep's).
-        store_url: SQLAlchemy URL of the store (default: $DAPO_DB_URL, else the SQLite file).
-        ray_address: Ray cluster to join (default: the sweep's, else $RAY_ADDRESS, else local).
-    """
-    params = validate(
-        EvalParams,
-        {
-            "run_id": run_id,
-            "eval_data": eval_data,
-            "eval_k": eval_k,
-            "eval_problems": eval_problems,
-            "resources": resources.model_dump() if isinstance(resources, Resources) else resources,
-            "store_url": store_url,
-            "ray_address": ray_address,
-        },
-    )
-    return run_eval(params)
+@takes(EvalParams)
+def evaluate_run(**parameters: Any) -> dict[str, Any]:
+    """Evaluate a run's latest checkpoint (avg@k, pass@k, cons@k) and store the result."""
+    return run_eval(validate(EvalParams, parameters))

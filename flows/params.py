@@ -1,24 +1,76 @@
 """Typed parameters of the flows: pydantic models that check what a user typed into a form.
 
-Prefect renders the flows' signatures (flows/sweep.py, flows/arm.py) as forms; the flows take
-their parameters as plain JSON and validate them here, so that a bad value ends the flow run
-with ONE line naming the field and what to change (pydantic's own report is a multi-line
-block). Nothing in this module touches the store, Ray or Prefect.
+These models are the one definition of each flow's parameters: `takes(SweepParams)` gives the
+flow function (flows/sweep.py, flows/arm.py) its signature and argument docs, which Prefect
+renders as the deployment's form, and `dapo sweep` / `dapo arm` and the dashboard's rerun
+button fill the same models. The flows take their parameters as plain JSON and validate them
+here, so that a bad value ends the flow run with ONE line naming the field and what to change
+(pydantic's own report is a multi-line block). Nothing in this module touches the store, Ray
+or Prefect.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from dapo_core.arms import ARM_NAMES
-from dapo_core.presets import PRESETS
+from dapo_core.setup.ladders import (
+    BUILTIN_LADDERS,
+    NAME_MAX_LEN,
+    NAME_RE,
+    NAME_RULE,
+    Ladder,
+    resolve_ladder,
+)
+from dapo_core.setup.presets import PRESETS
 
-# Literal types give the Prefect form drop-downs; validation below repeats the check with a
+# A Literal type gives the Prefect form a drop-down; validation below repeats the check with a
 # message that lists the choices (a served deployment accepts any JSON, see flows/serve.py).
-ArmName = Literal[ARM_NAMES]  # type: ignore[valid-type]
+# Arms have no Literal: they are whatever the sweep's ladder names, so the form takes free text.
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+LADDER_DOC = (
+    "the ladder to run: a built-in ladder's name ("
+    + ", ".join(BUILTIN_LADDERS)
+    + ") or a whole ladder file's TOML text pasted in ([[arms]] tables of name, from, adds, set; "
+    "`dapo arms --ladder FILE --toml` prints one, and `dapo arms --arm dapo --grid "
+    "algo.clip_high=0.24,0.32 --toml` a grid); stored with the sweep as TOML, so that a rerun "
+    "of one arm rebuilds its config from the sweep alone"
+)
+ARMS_DOC = (
+    "arms of the ladder to run, by name (free text, checked against the ladder; empty: all of "
+    "them, in the ladder's order)"
+)
+
+
+@functools.lru_cache(maxsize=32)
+def parse_ladder(ladder: str, preset: str) -> Ladder:
+    """A SweepParams `ladder` value (a built-in name or TOML text) as a Ladder validated on
+    `preset`; ConfigError (a ValueError) in one line. Cached: a sweep's parameters are validated
+    again by each of its arms, and a Ladder is frozen."""
+    text = ladder.strip()
+    if text in BUILTIN_LADDERS:
+        return resolve_ladder(text, preset)
+    if "\n" not in text:
+        # A ladder's TOML has at least a `name` line and an [[arms]] table: one line is a
+        # name or a path, and a path would be read on whichever machine runs the flow.
+        raise ValueError(
+            f"{text!r} is neither a built-in ladder ({', '.join(BUILTIN_LADDERS)}) nor a "
+            "ladder's TOML text: paste the file's text (`dapo sweep --ladder FILE` reads a file)"
+        )
+    return Ladder.from_toml(ladder, source="the ladder's TOML", preset=preset)
 
 
 class Resources(BaseModel):
@@ -26,9 +78,24 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cpus: float = Field(1.0, gt=0, description="CPUs per arm (torch threads = CPUs granted)")
+    cpus: float = Field(
+        1.0, gt=0, description="CPUs per worker of an arm (torch threads = CPUs granted)"
+    )
     gpus: float = Field(
-        0.0, ge=0, description="GPUs per arm (0 on a laptop; 1 per arm on a GPU node)"
+        0.0, ge=0, description="GPUs per worker of an arm (0 on a laptop; 1 on a GPU node)"
+    )
+    # A resource, not part of the config hash: a run may resume on another number of workers
+    # (sharded checkpoints reshard). cpus and gpus are then per worker.
+    workers: int = Field(
+        1,
+        ge=1,
+        description="workers per arm: N Ray actors in one placement group joined by "
+        "torch.distributed (FSDP2), each with the CPUs and GPUs above; 1 is one process",
+    )
+    placement: Literal["PACK", "SPREAD"] = Field(
+        "PACK",
+        description="where an arm's workers go: PACK (as few nodes as possible) or SPREAD "
+        "(over as many nodes as possible; best effort)",
     )
 
 
@@ -38,10 +105,10 @@ class SweepParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: str = Field("tiny", description="base config: " + ", ".join(PRESETS))
-    arms: list[str] = Field(
-        default_factory=lambda: list(ARM_NAMES), description="ladder arms to run"
-    )
+    preset: PresetName = Field("tiny", description="base config: " + ", ".join(PRESETS))
+    # `ladder` before `arms`: the arms are checked against it (validators see earlier fields).
+    ladder: str = Field("paper", validate_default=True, description=LADDER_DOC)
+    arms: list[str] = Field(default_factory=list, validate_default=True, description=ARMS_DOC)
     seeds: list[int] = Field(
         default_factory=lambda: [0], description="seeds, one run per arm and seed"
     )
@@ -51,7 +118,9 @@ class SweepParams(BaseModel):
     eval_data: str | None = Field(None, description="evaluation set: a data set name or a path")
     eval_k: int | None = Field(None, description="samples per eval problem (avg@k, pass@k)")
     eval_problems: int | None = Field(None, description="evaluate on the first N problems (0: all)")
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources, description="CPUs and GPUs each arm's Ray actor asks for"
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="dotted config overrides, e.g. {'batch.train_batch_size': 8}",
@@ -65,23 +134,58 @@ class SweepParams(BaseModel):
     force: bool = Field(False, description="retrain arms already completed with the same config")
     name: str | None = Field(None, description="a name for the sweep")
 
-    @field_validator("preset")
+    # "before" validators: they run ahead of the Literal types' own check, so that the message
+    # names the choices in words.
+    @field_validator("preset", mode="before")
     @classmethod
-    def _preset(cls, value: str) -> str:
+    def _preset(cls, value: Any) -> Any:
         if value not in PRESETS:
             raise ValueError(f"unknown preset {value!r}: choose one of {', '.join(PRESETS)}")
         return value
 
+    @field_validator("ladder", mode="before")
+    @classmethod
+    def _ladder_in(cls, value: Any) -> Any:
+        # Python callers may pass a Ladder or its to_dict() form; the field keeps TOML text.
+        if isinstance(value, Ladder):
+            return value.to_toml()
+        if isinstance(value, Mapping):
+            return Ladder.from_dict(value, source="the ladder").to_toml()
+        return value
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder(cls, value: str, info: ValidationInfo) -> str:
+        preset = info.data.get("preset")
+        if preset is None:  # the preset failed: its own error says why
+            return value
+        # Stored as the ladder's full TOML, not a name: a built-in ladder edited later must
+        # not change the configs of a sweep that already ran.
+        return parse_ladder(value, preset).to_toml()
+
+    @field_validator("arms", mode="before")
+    @classmethod
+    def _arms_in(cls, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"arms must be a list of arm names, got {value!r}")
+        return list(value)
+
     @field_validator("arms")
     @classmethod
-    def _arms(cls, value: list[str]) -> list[str]:
+    def _arms(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if "ladder" not in info.data or "preset" not in info.data:
+            return value  # the ladder failed: its own error says why
+        ladder = parse_ladder(info.data["ladder"], info.data["preset"])
         if not value:
-            raise ValueError(f"no arms given: choose some of {', '.join(ARM_NAMES)}")
-        unknown = [a for a in value if a not in ARM_NAMES]
+            return list(ladder.names)
+        unknown = [a for a in value if a not in ladder.names]
         if unknown:
-            raise ValueError(f"unknown arm {unknown[0]!r}: choose among {', '.join(ARM_NAMES)}")
-        # Ladder order, duplicates dropped: the table reads top to bottom like the paper's.
-        return [a for a in ARM_NAMES if a in value]
+            raise ValueError(
+                f"unknown arm {unknown[0]!r}: choose among {', '.join(ladder.names)} (the arms "
+                f"of ladder {ladder.name!r})"
+            )
+        # Ladder order, duplicates dropped: the table reads top to bottom like the ladder.
+        return [a for a in ladder.names if a in value]
 
     @field_validator("seeds")
     @classmethod
@@ -114,6 +218,26 @@ class SweepParams(BaseModel):
         # A form leaves an emptied text box as "": that means "use the default".
         return value.strip() or None if value is not None else None
 
+    @model_validator(mode="after")
+    def _grid_keys_not_overridden(self) -> SweepParams:
+        """A sweep-wide value for a key the ladder's grid sweeps would make every grid point
+        the same config under different names: refused, naming where the value came from."""
+        swept = {k: a.name for a in self.parsed_ladder.arms for k in a.grid}
+        for key in self.config_overrides(0):
+            if key in swept:
+                where = "overrides" if key in self.overrides else _FIELD_OF.get(key, key)
+                raise ValueError(
+                    f"{where}: {key} is the key the ladder's grid sweeps (arm {swept[key]!r} "
+                    f"sets its own value): drop it (--set / form: overrides), or grid over "
+                    "another key"
+                )
+        return self
+
+    @property
+    def parsed_ladder(self) -> Ladder:
+        """The sweep's ladder (parsed once per text and preset: see parse_ladder)."""
+        return parse_ladder(self.ladder, self.preset)
+
     def config_overrides(self, seed: int) -> dict[str, Any]:
         """Dotted overrides of one (arm, seed) run on top of the preset and the arm's changes."""
         out: dict[str, Any] = {}
@@ -132,25 +256,66 @@ class SweepParams(BaseModel):
         return out
 
 
+# The dotted config key each SweepParams field sets (config_overrides), to name it in errors.
+_FIELD_OF = {
+    "run.steps": "steps",
+    "model.name_or_path": "model",
+    "data.train": "train_data",
+    "data.eval": "eval_data",
+    "data.eval_k": "eval_k",
+    "data.eval_problems": "eval_problems",
+    "run.seed": "seeds",
+}
+
+
+# The store and the Ray cluster of a run that belongs to a sweep (ArmParams, EvalParams).
+StoreUrl = Annotated[
+    str | None,
+    Field(description="SQLAlchemy URL of the store (default: $DAPO_DB_URL, else SQLite)"),
+]
+RayAddress = Annotated[
+    str | None,
+    Field(description="Ray cluster to join (default: the sweep's, else $RAY_ADDRESS, else local)"),
+]
+
+
 class ArmParams(BaseModel):
     """One (arm, seed) of an existing sweep; what the dashboard's rerun button sends."""
 
     model_config = ConfigDict(extra="forbid")
 
-    sweep_id: int = Field(..., ge=1)
-    arm: str
-    seed: int = Field(0, ge=0)
-    force: bool = False
-    store_url: str | None = None
-    ray_address: str | None = None
-    resources: Resources | None = None
-    publish: bool = True
+    sweep_id: int = Field(
+        ..., ge=1, description="the sweep this arm belongs to (its parameters define the config)"
+    )
+    arm: str = Field(
+        ...,
+        description="the arm to train, by name (free text: an arm of the sweep's ladder)",
+    )
+    seed: int = Field(0, ge=0, description="the seed of the run")
+    force: bool = Field(False, description="retrain even if completed with the same config")
+    store_url: StoreUrl = None
+    ray_address: RayAddress = None
+    resources: Resources | None = Field(
+        None, description="CPUs / GPUs for the arm's Ray actor (default: the sweep's)"
+    )
+    publish: bool = Field(
+        True,
+        description="when done, publish the sweep's ablation table and recompute its status "
+        "(a sweep's own arms leave both to the sweep)",
+    )
+    extend: bool = Field(
+        False,
+        description="add this arm or seed to the sweep when it is not one of the sweep's "
+        "(otherwise refused: the table compares arms over the same seeds)",
+    )
 
-    @field_validator("arm")
+    @field_validator("arm", mode="before")
     @classmethod
-    def _arm(cls, value: str) -> str:
-        if value not in ARM_NAMES:
-            raise ValueError(f"unknown arm {value!r}: choose one of {', '.join(ARM_NAMES)}")
+    def _arm(cls, value: Any) -> Any:
+        # Whether the sweep's ladder has this arm is checked against the sweep (which this
+        # module cannot read: flows/checks.py); here only that it can be an arm's name at all.
+        if not isinstance(value, str) or len(value) > NAME_MAX_LEN or not NAME_RE.fullmatch(value):
+            raise ValueError(f"{value!r} is not an arm name ({NAME_RULE} characters)")
         return value
 
     @field_validator("store_url", "ray_address")
@@ -164,13 +329,66 @@ class EvalParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: int = Field(..., ge=1)
-    eval_data: str | None = None
-    eval_k: int | None = Field(None, ge=1)
-    eval_problems: int | None = Field(None, ge=0)
-    store_url: str | None = None
-    ray_address: str | None = None
-    resources: Resources | None = None
+    run_id: int = Field(
+        ..., ge=1, description="the store's run id (see the dashboard's run page or `dapo table`)"
+    )
+    eval_data: str | None = Field(
+        None, description="evaluation set: a data set name or a path (default: the run's)"
+    )
+    eval_k: int | None = Field(None, ge=1, description="samples per problem (default: the run's)")
+    eval_problems: int | None = Field(
+        None, ge=0, description="evaluate on the first N problems (0: all; default: the run's)"
+    )
+    store_url: StoreUrl = None
+    ray_address: RayAddress = None
+    resources: Resources | None = Field(
+        None, description="CPUs / GPUs for the evaluation's Ray actor (default: the sweep's)"
+    )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes(model: type[BaseModel], *extra: tuple[str, Any, Any, str]) -> Callable[[F], F]:
+    """Give a flow function (`def flow(**parameters)`) the fields of `model` as its signature,
+    and their descriptions as its docstring's Args, before @flow reads both to build the
+    deployment's form. `extra`: further (name, annotation, default, description) parameters.
+
+    The fields are keyword-only, so Prefect passes every value by name into **parameters.
+    """
+    parameters = []
+    docs = []
+    for name, field in model.model_fields.items():
+        default = (
+            inspect.Parameter.empty
+            if field.is_required()
+            else field.get_default(call_default_factory=True)
+        )
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation
+            )
+        )
+        docs.append((name, field.description or name.replace("_", " ")))
+    for name, annotation, default, description in extra:
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+        docs.append((name, description))
+    signature = inspect.Signature(parameters)
+
+    def apply(fn: F) -> F:
+        summary = inspect.cleandoc(fn.__doc__ or "")
+        # One line per argument: griffe keeps a wrapped description's line breaks, and the
+        # form would show them.
+        args = "\n".join(f"    {name}: {text[0].upper()}{text[1:]}." for name, text in docs)
+        fn.__signature__ = signature  # type: ignore[attr-defined]
+        fn.__doc__ = f"{summary}\n\nArgs:\n{args}\n"
+        return fn
+
+    return apply
 
 
 def validate(model: type[BaseModel], values: dict[str, Any]) -> Any:

@@ -10,20 +10,20 @@ import math
 import os
 import re
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dapo_core.arms import build_arm_config
-from dapo_core.config import ExperimentConfig
+from dapo_core.setup.config import ExperimentConfig, flatten
+from db import errors
 from flows.params import Resources, SweepParams
 
 RUNS_DIR_ENV = "DAPO_RUNS_DIR"
 ACTOR_NAMESPACE = "dapo"
-# checkpoints/latest names the newest complete checkpoint directory (dapo_core.checkpoint's
-# layout, read here without importing torch).
-_CHECKPOINTS, _LATEST, _STATE_FILE = "checkpoints", "latest", "trainer_state.pt"
+# How many characters of the store id name the store's folder of run directories (8 hex
+# digits of a UUID4: two stores collide with odds 1 in 4 billion, and claim() still refuses).
+STORE_ID_CHARS = 8
 
 
 def default_runs_dir() -> Path:
@@ -55,9 +55,10 @@ class ArmJob:
 
 
 def arm_config(params: SweepParams, arm: str, seed: int) -> ExperimentConfig:
-    """The experiment config of (arm, seed) in a sweep; a bad combination raises ValueError."""
+    """The experiment config of (arm, seed) in a sweep: the sweep's own ladder (stored in its
+    parameters), its preset, then its overrides; a bad combination raises ValueError."""
     try:
-        return build_arm_config(arm, params.preset, params.config_overrides(seed))
+        return params.parsed_ladder.config(arm, params.preset, params.config_overrides(seed))
     except ValueError as exc:
         raise ValueError(f"{arm} seed {seed}: {exc}") from None
 
@@ -73,7 +74,50 @@ def sweep_jobs(params: SweepParams) -> list[ArmJob]:
     jobs = [arm_job(params, arm, seed) for arm in params.arms for seed in params.seeds]
     for job in jobs:
         check_local_paths(job.config)
+    check_overrides_keep_arms(params)
     return jobs
+
+
+def check_overrides_keep_arms(params: SweepParams) -> None:
+    """An override that undoes what an arm adds (e.g. `--set algo.clip_high=0.2` on the paper
+    ladder's clip_higher) would train its parent's config again under the arm's name, and the
+    table would show a Δ of noise as the arm's effect: refused, naming the arm and the key."""
+    ladder = params.parsed_ladder
+    overrides = params.config_overrides(params.seeds[0])
+    for name in params.arms:
+        arm = ladder.arm(name)
+        if arm.parent is None or not set(arm.changes) & set(overrides):
+            continue
+        mine, parents = (
+            _flat_without_arm(arm_config(params, a, params.seeds[0])) for a in (name, arm.parent)
+        )
+        if mine == parents:
+            keys = ", ".join(k for k in arm.changes if k in overrides)
+            raise ValueError(
+                f"the override of {keys} undoes what arm {name!r} adds ({arm.adds}): it would "
+                f"train the same config as its parent {arm.parent!r}; drop the override or the arm"
+            )
+
+
+def _flat_without_arm(cfg: ExperimentConfig) -> dict[str, Any]:
+    flat = flatten(cfg.to_dict())
+    flat.pop("arm", None)
+    return flat
+
+
+def estimated_work(config: Mapping[str, Any]) -> float:
+    """A rough cost of one arm's training, for ordering only: rollout steps × sequences a
+    step generates × the token budget, dynamic sampling counted at its expected extra
+    generation (a quarter more, as measured on the tiny preset)."""
+    rollout, batch, algo = config["rollout"], config["batch"], config["algo"]
+    sequences = batch["gen_batch_size"] * rollout["group_size"]
+    extra = 1.25 if algo.get("dynamic_sampling") else 1.0
+    return float(config["run"]["steps"]) * sequences * rollout["max_response_len"] * extra
+
+
+def longest_first(jobs: Sequence[ArmJob]) -> list[int]:
+    """Indices of `jobs`, the most work first (ties keep the ladder's order)."""
+    return sorted(range(len(jobs)), key=lambda i: -estimated_work(jobs[i].config))
 
 
 def check_local_paths(config: Mapping[str, Any]) -> None:
@@ -105,20 +149,26 @@ def concurrency(cluster: Mapping[str, float], resources: Resources, n_jobs: int)
     Ray queues an actor it cannot place, so this only keeps the flows from starting runs that
     would sit waiting; it is at least 1 (Ray then waits for resources other drivers hold).
     """
-    fits = [math.floor(cluster.get("CPU", 0.0) / resources.cpus + 1e-9)]
+    # An arm of N workers is N bundles of (cpus, gpus): it holds N times each.
+    n = resources.workers
+    fits = [math.floor(cluster.get("CPU", 0.0) / (resources.cpus * n) + 1e-9)]
     if resources.gpus > 0:
-        fits.append(math.floor(cluster.get("GPU", 0.0) / resources.gpus + 1e-9))
+        fits.append(math.floor(cluster.get("GPU", 0.0) / (resources.gpus * n) + 1e-9))
     return max(1, min(min(fits), n_jobs))
 
 
 def check_fits(cluster: Mapping[str, float], resources: Resources) -> None:
     """An arm that asks for more than the whole cluster has would wait forever: refuse it."""
+    n = resources.workers
     for key, want in (("CPU", resources.cpus), ("GPU", resources.gpus)):
         have = cluster.get(key, 0.0)
-        if want > 0 and have + 1e-9 < want:
+        if want > 0 and have + 1e-9 < want * n:
+            each = f"{n} workers × {want:g}" if n > 1 else f"{want:g}"
             raise ValueError(
-                f"each arm asks for {want:g} {key}(s) but the Ray cluster has {have:g}: "
-                f"lower resources.{key.lower()}s or join a bigger cluster"
+                f"each arm asks for {each} {key}(s) but the Ray cluster has {have:g}: "
+                f"lower resources.{key.lower()}s"
+                + (" or resources.workers" if n > 1 else "")
+                + " or join a bigger cluster"
             )
 
 
@@ -187,29 +237,26 @@ def decide_arm(
     return ArmDecision("fresh", why)
 
 
-def checkpoint_step(run_dir: str | Path | None) -> int | None:
-    """The rollout step of the newest complete checkpoint under a run directory, or None."""
-    if not run_dir:
-        return None
-    pointer = Path(run_dir) / _CHECKPOINTS / _LATEST
-    try:
-        name = pointer.read_text().strip()
-    except OSError:
-        return None
-    if not (pointer.parent / name / _STATE_FILE).exists():
-        return None
-    try:
-        return int(name.removeprefix("step_"))
-    except ValueError:
-        return None
-
-
 def fresh_run_dir(
-    root: Path, sweep_id: int, arm: str, seed: int, config_hash: str, run_id: int
+    root: Path, store_id: str, sweep_id: int, arm: str, seed: int, config_hash: str, run_id: int
 ) -> Path:
-    """A new attempt's own directory: never shared with an older attempt, so starting over
-    never overwrites another attempt's checkpoints."""
-    return root / f"sweep-{sweep_id}" / f"{arm}-s{seed}-{config_hash}-run{run_id}"
+    """A new attempt's own directory, `<root>/<store id>/sweep-<id>/<arm>-s<seed>-<hash>-run<id>`:
+    never shared with an older attempt (starting over never overwrites another attempt's
+    checkpoints), nor with another store (whose sweep and run ids also start at 1)."""
+    store = store_id.replace("-", "")[:STORE_ID_CHARS]
+    return root / store / f"sweep-{sweep_id}" / f"{arm}-s{seed}-{config_hash}-run{run_id}"
+
+
+def run_owner(store_id: str, sweep_id: int, job: ArmJob) -> dict[str, Any]:
+    """Who owns an arm's run directory (dapo_core.train.run_dir.claim): attempts of the same
+    (store, sweep, arm, seed, config) may resume there, nothing else may."""
+    return {
+        "store": store_id,
+        "sweep": int(sweep_id),
+        "arm": job.arm,
+        "seed": int(job.seed),
+        "config_hash": job.config_hash,
+    }
 
 
 def actor_name(run_id: int) -> str:
@@ -247,9 +294,8 @@ def is_stop(exc: BaseException) -> bool:
 
 
 def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    """`Type: first line of the message`, as the flows log errors and the store keeps them."""
+    return errors.first_line(exc, with_type=True)
 
 
 def error_text(exc: BaseException, remote_traceback: str | None = None) -> str:
@@ -269,22 +315,12 @@ def sweep_outcome(results: Sequence[Mapping[str, Any]]) -> tuple[str, str | None
 
 
 def artifact_key(kind: str, sweep_id: int) -> str:
-    """Prefect artifact keys: lowercase letters, digits and dashes."""
+    """Prefect artifact keys: lowercase letters, digits and dashes. None holds an arm's name
+    (which may hold `_ . =`): one that ever does must pass it through ladders.artifact_slug."""
     return f"{kind}-sweep-{sweep_id}"
 
 
-def table_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """JSON-safe rows for a Prefect table artifact (NaN and NaT become None)."""
-    out: list[dict[str, Any]] = []
-    for record in records:
-        row: dict[str, Any] = {}
-        for key, value in record.items():
-            if hasattr(value, "item"):  # numpy scalars
-                value = value.item()
-            if isinstance(value, float) and not math.isfinite(value):
-                value = None
-            elif value is not None and not isinstance(value, str | int | float | bool):
-                value = None if str(value) in ("NaT", "nan", "None") else str(value)
-            row[str(key)] = value
-        out.append(row)
-    return out
+def arm_flow_run_name(arm: str, seed: int, sweep_id: int) -> str:
+    """An arm's flow run name (as flows/arm.py's template writes it). Prefect bans only
+    `/ % & > <` in names, none of which an arm name may hold (ladders.NAME_RE)."""
+    return f"{arm}-s{seed}-sweep{sweep_id}"

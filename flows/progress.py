@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dapo_core.cli import duration, num
+
 Listener = Callable[[str, dict[str, Any]], None]
 """(message, data): data carries what a terminal display may need, e.g. {"sweep_id": 3}."""
 
@@ -38,23 +40,12 @@ def say(message: str, *, level: str = "info", **data: Any) -> None:
         listener(message, data)
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds:
-        return "-"
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def _num(x: Any, fmt: str) -> str:
-    return "-" if x is None or x != x else format(x, fmt)
-
-
 def step_line(label: str, update: dict[str, Any]) -> str:
     """`grpo s0  step 3/12  acc 0.412  reward -0.176  1234 tok/s  ETA 0:00:20`"""
     return (
         f"{label}  step {update.get('step')}/{update.get('steps')}"
-        f"  acc {_num(update.get('acc'), '.3f')}  reward {_num(update.get('reward'), '+.3f')}"
-        f"  {_num(update.get('tokens_per_s'), '.0f')} tok/s  ETA {duration(update.get('eta_s'))}"
+        f"  acc {num(update.get('acc'), '.3f')}  reward {num(update.get('reward'), '+.3f')}"
+        f"  {num(update.get('tokens_per_s'), '.0f')} tok/s  ETA {duration(update.get('eta_s'))}"
     )
 
 
@@ -63,6 +54,6 @@ def eval_text(final_eval: dict[str, Any] | None) -> str:
         return "no evaluation"
     k = final_eval.get("k")
     return (
-        f"{final_eval.get('dataset')} avg@{k} {_num(final_eval.get('avg_at_k'), '.3f')}"
-        f" pass@{k} {_num(final_eval.get('pass_at_k'), '.3f')}"
+        f"{final_eval.get('dataset')} avg@{k} {num(final_eval.get('avg_at_k'), '.3f')}"
+        f" pass@{k} {num(final_eval.get('pass_at_k'), '.3f')}"
     )

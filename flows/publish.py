@@ -1,11 +1,11 @@
 """A sweep's ablation table, out to Prefect (a table artifact and a markdown summary) and to the
-terminal. Numbers come from db.queries.ablation_table and cells from db.table_format, so the
-UI, the terminal and `dapo table` show the same thing.
+terminal. Numbers come from db.queries.ablation_table and cells from
+db.table_format.ablation_records, so the Prefect UI, the dashboard and `dapo table` show the
+same columns; the summary's headline names a best arm only when its lead is significant.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,15 +32,14 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
     """Publish a new version of the sweep's table and summary artifacts; returns the table rows."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    from db.table_format import ablation_records
+    from db.table_format import ablation_records, caption
 
     table, sweep = ablation(url, sweep_id)
     rows = ablation_records(table) if not table.empty else []
     create_table_artifact(
         table=rows,
         key=plan.artifact_key("ablation-table", sweep_id),
-        description=f"Ablation table of sweep {sweep_id} ({sweep.get('name')}): final eval score "
-        "(%) of the latest completed attempt of each arm × seed, in ladder order.",
+        description=f"Ablation table of sweep {sweep_id} ({sweep.get('name')}): " + caption(table),
     )
     create_markdown_artifact(
         markdown=summary_markdown(table, sweep, note),
@@ -51,6 +50,7 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
 
 
 def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:
+    """Title, what ran, the note (an error) if any, then the table with its headline."""
     from db.table_format import render
 
     arms, seeds = list(sweep.get("arms") or []), list(sweep.get("seeds") or [])
@@ -62,18 +62,5 @@ def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> 
     ]
     if note:
         lines += ["", f"**{note}**"]
-    scored = [
-        r
-        for r in table.to_dict("records")
-        if isinstance(r.get("score_mean"), int | float) and math.isfinite(r["score_mean"])
-    ]
-    if scored:
-        best = max(scored, key=lambda r: float(r["score_mean"]))
-        base = scored[0]
-        lines += [
-            "",
-            f"Best arm: **{best['arm']}** at {100 * best['score_mean']:.1f}% "
-            f"({100 * (best['score_mean'] - base['score_mean']):+.1f} pt over {base['arm']}).",
-        ]
     lines += ["", render(table, "markdown", dict(sweep))]
     return "\n".join(lines)

@@ -1,14 +1,32 @@
-"""Ray: join or start a cluster, and the actor that trains (or evaluates) one arm.
+"""Ray: join or start a cluster, and the actors that train (or evaluate) one arm.
 
 `connect()` joins `ray_address` / $RAY_ADDRESS when given, else starts a local instance with
-this machine's CPUs. `ArmTrainer` is an actor that asks for the arm's resources, sets torch's
-threads to the CPUs Ray granted, opens the store's sink for its run and calls
-`dapo_core.runner.train`, which resumes from the run directory's latest checkpoint. The actor
-is threaded (two calls at once) so that the flow can ask for its progress while it trains.
+this machine's CPUs, listening on 127.0.0.1 only. `ArmTrainer` is an actor that asks for the
+arm's resources, sets torch's threads to the CPUs Ray granted and trains. The actor is threaded
+(two calls at once) so that the flow can ask for its progress while it trains.
+
+One worker (`run_training` with resources.workers == 1): one actor calls
+`dapo_core.train.runner.train` with the store's sink; it claims the run directory for its owner
+(store, sweep, arm, seed, config) and resumes from its latest checkpoint. These actors are kept
+in a pool for the life of the driver process: an arm that finishes hands its actor (a process
+that has already imported torch and transformers, some 4 s of start-up) to the next arm with
+the same resources, and `prewarm` starts a sweep's actors while its other set-up runs. An actor
+whose arm failed or died is never reused.
+
+N workers: N actors in ONE placement group (a bundle of {CPU: cpus, GPU: gpus} per worker,
+PACK or SPREAD), each calling `dapo_core.train.distributed.train_worker` with its rank. Actor 0
+names the rendezvous (its node's address and a port free there); rank 0 opens the store's sink
+and reports progress. The actors do not restart (a restarted rank cannot rejoin its process
+group): when one dies or fails, the others are killed at once (they would otherwise wait in a
+collective), the whole try ends with ActorLost (the flow's task retries it, resuming from the
+last checkpoint) or with the failing rank's own one line, and the placement group is removed
+whatever happens.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import signal
@@ -19,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 if "ray" not in sys.modules:
@@ -27,9 +45,19 @@ if "ray" not in sys.modules:
     # prints. Ray reads the variable once at import: set after that, the cluster it starts
     # would ask for a token its own driver does not send.
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # A local instance listens on 127.0.0.1 only. Ray 2.60 has no supported switch for that:
+    # ray.init(_node_ip_address="127.0.0.1") and `ray start --node-ip-address 127.0.0.1` both
+    # turn the loopback address back into the machine's own (services.resolve_ip_for_localhost).
+    # With this variable off, Ray takes this machine for a single-node setup and binds every
+    # server (GCS, raylet, workers, agents) to the loopback address. Read once at import and
+    # inherited by the processes Ray starts; a driver with it still joins a cluster at the
+    # machine's own address ($RAY_ADDRESS), which tests/test_flows_ray.py checks.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # No metrics exporter: nothing here scrapes it, and it slows a local start by about 1 s.
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
 import ray
 
-from flows import plan
+from flows import cluster, plan
 from flows.params import Resources
 
 log = logging.getLogger(__name__)
@@ -42,10 +70,23 @@ FORWARDED_ENV = (
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
+    "DAPO_STORE_OUTAGE_S",
 )
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # configs and small dicts only travel through it
 PROBE_TIMEOUT_S = 3.0
 PROGRESS_POLL_S = 1.0
+# After a rank fails only because a peer vanished (its collective saw the connection close),
+# how long to wait for Ray to report which actor died before calling the try lost anyway.
+PEER_LOSS_GRACE_S = 30.0
+# A rank's error that only says another rank went away: the cause is elsewhere.
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset",
+    "Broken pipe",
+    "Connection refused",
+    "timed out",
+    "Timeout",
+)
 
 
 class ActorLost(RuntimeError):
@@ -95,6 +136,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> dict[
             ray.init(address=address, **kwargs)
         else:
             ray.init(
+                # "local": a new instance of our own. Without it, ray.init joins the cluster
+                # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine,
+                # anyone's) and then refuses num_cpus.
+                address="local",
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
@@ -151,63 +196,151 @@ def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def shutdown() -> None:
     if ray.is_initialized():
+        _POOL.clear()
         ray.shutdown()
 
 
 def actor_alive(run_id: int) -> bool:
     """Whether a live actor is training store run `run_id` on this cluster."""
-    try:
-        ray.get_actor(plan.actor_name(run_id), namespace=plan.ACTOR_NAMESPACE)
-    except ValueError:
-        return False
-    return True
+    return training_actor(run_id) is not None
+
+
+def training_actor(run_id: int) -> Any | None:
+    """The actor training store run `run_id`: rank 0 of a multi-worker group (named after the
+    run), or a pooled single-worker actor of any driver (pooled actors are named `dapo-slot-*`
+    and say which run they train); None when no live actor trains it."""
+    with contextlib.suppress(ValueError):
+        return ray.get_actor(plan.actor_name(run_id), namespace=plan.ACTOR_NAMESPACE)
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name, namespace = str(entry.get("name")), entry.get("namespace")
+        if namespace != plan.ACTOR_NAMESPACE or not name.startswith(SLOT_PREFIX):
+            continue
+        with contextlib.suppress(Exception):
+            actor = ray.get_actor(name, namespace=plan.ACTOR_NAMESPACE)
+            if ray.get(actor.current_run.remote(), timeout=PROBE_TIMEOUT_S) == run_id:
+                return actor
+    return None
 
 
 # --- the actor -----------------------------------------------------------------------------
 @ray.remote(max_concurrency=2)
 class ArmTrainer:
-    """Trains one store run in its own process with the resources Ray granted it."""
+    """Trains one store run (or one rank of it) in its own process with the resources Ray
+    granted it."""
 
     def __init__(self) -> None:
         self._progress: dict[str, Any] | None = None
+        self._run_id: int | None = None
         self._threads = _set_threads()
+        # The first arm would pay for these imports; a pooled actor pays once, at start-up,
+        # while the driver is busy elsewhere.
+        import dapo_core.train.runner  # noqa: F401
+        import db.store  # noqa: F401
+
+    def current_run(self) -> int | None:
+        """The store run this actor is training now (None: idle)."""
+        return self._run_id
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node id, address and host name."""
+        return cluster.here()
+
+    def rendezvous(self) -> str:
+        """torch.distributed's init method for a job whose rank 0 is this actor: this node's
+        address and a port free on it now (the TCP store binds it a moment later)."""
+        ip = ray.util.get_node_ip_address()
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((ip, 0))
+            port = int(s.getsockname()[1])
+        return f"tcp://[{ip}]:{port}" if family == socket.AF_INET6 else f"tcp://{ip}:{port}"
 
     def train(
-        self, config: dict[str, Any], store_url: str, run_id: int, out_dir: str
+        self,
+        config: dict[str, Any],
+        store_url: str,
+        run_id: int,
+        out_dir: str,
+        owner: dict[str, Any],
     ) -> dict[str, Any]:
-        from dapo_core.config import ExperimentConfig
-        from dapo_core.runner import train
-        from db.store import Store
+        from dapo_core.setup.config import ExperimentConfig
+        from dapo_core.train.run_dir import latest_step
+        from dapo_core.train.runner import train
 
         cfg = ExperimentConfig.from_dict(config)
-        resumed_from = plan.checkpoint_step(out_dir)
-        sink = Store(store_url).sink(run_id)
+        resumed_from = latest_step(out_dir)
+        self._progress, self._run_id = None, run_id
+        # The sink spills what a store outage holds back into the run directory.
+        sink = open_sink(store_url, run_id, out_dir)
         try:
             result = train(
-                cfg, sink=sink, out_dir=Path(out_dir), resume=True, progress=self._on_progress
+                cfg,
+                sink=sink,
+                out_dir=Path(out_dir),
+                resume=True,
+                progress=self._on_progress,
+                owner=owner,
             )
         finally:
             sink.close()
+            self._run_id = None
+        # Where it ran at the end: a restarted actor (max_restarts) may be on another node.
         return {
-            "steps": result.steps,
-            "grad_updates": result.grad_updates,
-            "tokens": result.tokens,
-            "wall_s": result.wall_s,
-            "final_eval": result.final_eval,
-            "checkpoint_dir": result.checkpoint_dir,
+            **_result_dict(result),
             "resumed_from": resumed_from,
-            "host": socket.gethostname(),
+            "host": cluster.describe([cluster.here()]),
             "threads": self._threads,
+            "workers": 1,
+        }
+
+    def train_rank(
+        self,
+        rank: int,
+        world_size: int,
+        init_method: str,
+        config: dict[str, Any],
+        store_url: str,
+        run_id: int,
+        out_dir: str,
+        owner: dict[str, Any],
+        gpu: bool,
+    ) -> dict[str, Any]:
+        """Rank `rank` of `world_size` (see the module docstring); every rank returns the same
+        result, rank 0's carries what it resumed from."""
+        from dapo_core.train.distributed import train_worker
+        from dapo_core.train.run_dir import latest_step
+
+        # Rank 0 speaks for the job; the other ranks' warnings would repeat its own.
+        logging.getLogger().setLevel(logging.WARNING if rank == 0 else logging.ERROR)
+        resumed_from = latest_step(out_dir) if rank == 0 else None
+        result = train_worker(
+            rank,
+            world_size,
+            init_method,
+            config,
+            out_dir,
+            functools.partial(open_sink, store_url, run_id, out_dir) if rank == 0 else None,
+            owner,
+            resume=True,
+            progress=self._on_progress if rank == 0 else None,
+            # Ray shows a GPU actor only the GPU(s) it granted: its device 0.
+            local_rank=0 if gpu else None,
+            num_threads=self._threads,
+        )
+        return {
+            **_result_dict(result),
+            "resumed_from": resumed_from,
+            "threads": self._threads,
+            "workers": world_size,
         }
 
     def evaluate(
         self, config: dict[str, Any], checkpoint: str, store_url: str, run_id: int
     ) -> dict[str, Any]:
         """Evaluate a checkpoint with `config`'s data.eval / eval_k and log it to the store run."""
-        from dapo_core.checkpoint import checkpoint_step, resolve_checkpoint
-        from dapo_core.config import ExperimentConfig
-        from dapo_core.runner import evaluate_policy, load_checkpoint_policy, setup_torch
-        from db.store import Store
+        from dapo_core.setup.config import ExperimentConfig
+        from dapo_core.train.checkpoint import checkpoint_step, resolve_checkpoint
+        from dapo_core.train.runner import evaluate_policy, load_checkpoint_policy, setup_torch
 
         cfg = ExperimentConfig.from_dict(config)
         ckpt = resolve_checkpoint(checkpoint)
@@ -216,7 +349,7 @@ class ArmTrainer:
         step = checkpoint_step(ckpt)
         t0 = time.perf_counter()
         result = evaluate_policy(cfg, model, tokenizer, step=step)
-        sink = Store(store_url).sink(run_id)
+        sink = open_sink(store_url, run_id, None)
         try:
             sink.log_evaluation(step, result)
         finally:
@@ -228,6 +361,24 @@ class ArmTrainer:
 
     def _on_progress(self, update: dict[str, Any]) -> None:
         self._progress = dict(update)
+
+
+def open_sink(store_url: str, run_id: int, spill_dir: str | None) -> Any:
+    """The store's metrics sink of a run (module level: a worker's sink factory is pickled)."""
+    from db.store import Store
+
+    return Store(store_url).sink(run_id, spill_dir=spill_dir)
+
+
+def _result_dict(result: Any) -> dict[str, Any]:
+    return {
+        "steps": result.steps,
+        "grad_updates": result.grad_updates,
+        "tokens": result.tokens,
+        "wall_s": result.wall_s,
+        "final_eval": result.final_eval,
+        "checkpoint_dir": result.checkpoint_dir,
+    }
 
 
 def _set_threads() -> int:
@@ -247,9 +398,63 @@ def _set_threads() -> int:
     return threads
 
 
-def _actor(run_id: int, resources: Resources) -> Any:
+SLOT_PREFIX = "dapo-slot-"
+
+
+class _Pool:
+    """Idle single-worker actors of this driver process, by the resources they hold."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[float, float], list[Any]] = {}
+
+    def take(self, resources: Resources) -> Any:
+        """The actor idle longest (first in, first out): arms that follow one another rotate
+        over the warm actors, and so over their nodes, instead of piling onto the one that was
+        just given back."""
+        with self._lock:
+            idle = self._idle.get((resources.cpus, resources.gpus))
+            if idle:
+                return idle.pop(0)
+        return _new_actor(resources)
+
+    def give(self, resources: Resources, actor: Any) -> None:
+        with self._lock:
+            self._idle.setdefault((resources.cpus, resources.gpus), []).append(actor)
+
+    def prewarm(self, resources: Resources, n: int) -> None:
+        """Start up to n idle actors now (their start-up overlaps the caller's set-up)."""
+        with self._lock:
+            idle = self._idle.setdefault((resources.cpus, resources.gpus), [])
+            missing = max(0, n - len(idle))
+        for _ in range(missing):
+            actor = _new_actor(resources)
+            actor.current_run.remote()  # a first call: Ray starts the process now
+            self.give(resources, actor)
+
+    def clear(self) -> None:
+        with self._lock:
+            actors = [a for idle in self._idle.values() for a in idle]
+            self._idle.clear()
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+
+_POOL = _Pool()
+
+
+def prewarm(resources: Resources, n: int) -> None:
+    """Start n single-worker actors for an arm's resources before the arms need them."""
+    if resources.workers == 1 and n > 0:
+        _POOL.prewarm(resources, n)
+
+
+def _new_actor(resources: Resources) -> Any:
+    import uuid
+
     return ArmTrainer.options(  # type: ignore[attr-defined]
-        name=plan.actor_name(run_id),
+        name=f"{SLOT_PREFIX}{uuid.uuid4().hex[:12]}",
         namespace=plan.ACTOR_NAMESPACE,
         num_cpus=resources.cpus,
         num_gpus=resources.gpus,
@@ -261,24 +466,120 @@ def _actor(run_id: int, resources: Resources) -> Any:
     ).remote()
 
 
+Placed = Callable[[list[dict[str, Any]]], None]
+"""Called once an arm's actors are placed, with each worker's {rank, node_id, ip, hostname}."""
+
+
+class TrainJob(NamedTuple):
+    """Which store run an arm's actors train, where and for whom: ArmTrainer.train's
+    arguments, in its order (train_rank takes them after rank, world size and init method)."""
+
+    config: dict[str, Any]
+    store_url: str
+    run_id: int
+    out_dir: str
+    owner: dict[str, Any]
+
+
 def run_training(
     *,
     run_id: int,
     config: dict[str, Any],
     store_url: str,
     out_dir: str,
+    owner: dict[str, Any],
     resources: Resources,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_placed: Placed | None = None,
 ) -> dict[str, Any]:
-    """Train store run `run_id` in a new actor and wait; progress updates go to `on_progress`.
+    """Train store run `run_id` on resources.workers actors and wait; progress updates go to
+    `on_progress`, where the actors landed to `on_placed`.
 
-    Raises ActorLost when the actor dies, TrainingFailed when train() raised.
+    `owner` names who may use out_dir (plan.run_owner): a directory owned by another store,
+    arm or seed is refused before anything in it is resumed. Raises ActorLost when an actor
+    dies, TrainingFailed when training raised (a user mistake keeps its own class).
     """
-    actor = _actor(run_id, resources)
+    job = TrainJob(config, store_url, run_id, out_dir, owner)
+    if resources.workers > 1:
+        return run_group(job, resources, on_progress, on_placed)
+    actor = _POOL.take(resources)
+    reusable = False
     try:
-        return _wait(actor, actor.train.remote(config, store_url, run_id, out_dir), on_progress)
+        place = _gather([actor.where.remote()], [actor])[0]
+        if on_placed is not None:
+            on_placed([{**place, "rank": 0}])
+        call = actor.train.remote(*job)
+        result = _wait(actor, call, on_progress)
+        reusable = True
+        return result
     finally:
-        ray.kill(actor)  # frees its CPUs/GPUs now rather than when the handle is collected
+        if reusable:
+            _POOL.give(resources, actor)
+        else:  # failed, died or stopped: never hand a doubtful process to another arm
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+
+def run_group(
+    job: TrainJob,
+    resources: Resources,
+    on_progress: Callable[[dict[str, Any]], None] | None,
+    on_placed: Placed | None,
+) -> dict[str, Any]:
+    """run_training on N > 1 workers: N actors in one placement group (module docstring)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    n = resources.workers
+    bundle: dict[str, float] = {"CPU": resources.cpus}
+    if resources.gpus > 0:
+        bundle["GPU"] = resources.gpus
+    group = placement_group(
+        [dict(bundle) for _ in range(n)],
+        strategy=resources.placement,
+        name=f"{plan.actor_name(job.run_id)}-workers",
+    )
+    actors: list[Any] = []
+    try:
+        # Ray queues a group it cannot place yet (other arms hold the resources): wait, but
+        # let a stop interrupt the wait.
+        _gather([group.ready()], [])
+        actors = [
+            ArmTrainer.options(  # type: ignore[attr-defined]
+                # Rank 0 carries the run's actor name: actor_alive() finds a training arm.
+                name=plan.actor_name(job.run_id) + (f"-rank{rank}" if rank else ""),
+                namespace=plan.ACTOR_NAMESPACE,
+                num_cpus=resources.cpus,
+                num_gpus=resources.gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=rank
+                ),
+                # A restarted rank could not rejoin its process group: a lost actor ends the
+                # try, and the flow's task retry starts all N again from the checkpoint.
+                max_restarts=0,
+                max_task_retries=0,
+            ).remote()
+            for rank in range(n)
+        ]
+        places = [
+            {**place, "rank": rank}
+            for rank, place in enumerate(_gather([a.where.remote() for a in actors], actors))
+        ]
+        if on_placed is not None:
+            on_placed(places)
+        init_method = _gather([actors[0].rendezvous.remote()], actors)[0]
+        calls = [
+            actor.train_rank.remote(rank, n, init_method, *job, resources.gpus > 0)
+            for rank, actor in enumerate(actors)
+        ]
+        results = _wait_group(actors, calls, places, on_progress)
+        return {**results[0], "host": cluster.describe(places), "nodes": places}
+    finally:
+        for actor in actors:  # the survivors of a failed rank would wait in a collective
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
 
 
 def run_evaluation(
@@ -291,14 +592,34 @@ def run_evaluation(
         ray.kill(actor)
 
 
+def _stop(actors: list[Any]) -> None:
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+    raise Interrupted("stopped: this process is shutting down")
+
+
+def _gather(refs: list[Any], actors: list[Any]) -> list[Any]:
+    """ray.get(refs), a stop allowed while waiting; a dead actor is ActorLost."""
+    while True:
+        if STOP.is_set():
+            _stop(actors)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROGRESS_POLL_S)
+        if len(done) == len(refs):
+            break
+    try:
+        return list(ray.get(refs))
+    except ray.exceptions.RayActorError as exc:
+        raise ActorLost(f"the Ray actor died before training: {plan.first_line(exc)}") from None
+
+
 def _wait(
     actor: Any, ref: Any, on_progress: Callable[[dict[str, Any]], None] | None
 ) -> dict[str, Any]:
     last_step = None
     while True:
         if STOP.is_set():
-            ray.kill(actor)
-            raise Interrupted("stopped: this process is shutting down")
+            _stop([actor])
         done, _ = ray.wait([ref], timeout=PROGRESS_POLL_S)
         if on_progress is not None:
             update = _poll(actor)
@@ -312,16 +633,93 @@ def _wait(
     except ray.exceptions.RayActorError as exc:
         raise ActorLost(f"the Ray actor died: {plan.first_line(exc)}") from None
     except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-        if isinstance(cause, ValueError | FileNotFoundError):
-            # A user mistake (bad data file, bad model path): keep its class and its one line.
+        raise _task_error(exc) from None
+
+
+def _task_error(exc: Any) -> Exception:
+    """What a RayTaskError (train() raised in the actor) becomes here."""
+    cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+    if isinstance(cause, ValueError | FileNotFoundError | ConnectionError):
+        # A user mistake (bad data file, bad model path, a directory of another run) or a
+        # store that stayed down: keep its class and its one line.
+        try:
+            mistake = type(cause)(str(cause))
+        except TypeError:
+            mistake = ValueError(str(cause))
+        setattr(mistake, "remote_traceback", str(exc))  # noqa: B010 (read by flows/arm.py)
+        return mistake
+    return TrainingFailed(plan.first_line(cause), str(exc))
+
+
+def _peer_gone(exc: BaseException) -> bool:
+    """A rank's error that only says that another rank went away (its collective broke)."""
+    text = str(getattr(exc, "cause", None) or exc)
+    return any(marker in text for marker in PEER_GONE)
+
+
+def _wait_group(
+    actors: list[Any],
+    calls: list[Any],
+    places: list[dict[str, Any]],
+    on_progress: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    """Wait for every rank; on the first failure decide what it was (see _group_failure)."""
+    n = len(calls)
+    pending = list(calls)
+    results: dict[int, dict[str, Any]] = {}
+    failed: dict[int, BaseException] = {}
+    last_step = None
+    peer_loss_since: float | None = None
+    while True:
+        if STOP.is_set():
+            _stop(actors)
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_POLL_S)
+        for ref in done:
+            pending.remove(ref)
+            rank = calls.index(ref)
             try:
-                mistake = type(cause)(str(cause))
-            except TypeError:
-                mistake = ValueError(str(cause))
-            mistake.remote_traceback = str(exc)  # type: ignore[attr-defined]
-            raise mistake from None
-        raise TrainingFailed(plan.first_line(cause), str(exc)) from None
+                results[rank] = dict(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                failed[rank] = exc
+        if on_progress is not None and 0 not in failed:
+            update = _poll(actors[0])
+            if update is not None and update.get("step") != last_step:
+                last_step = update.get("step")
+                on_progress(update)
+        if not failed:
+            if not pending:
+                return [results[r] for r in range(n)]
+            continue
+        # A failure: every rank but the lost or failing one waits in a collective, so the
+        # outcome is decided now; run_group's finally kills what is left.
+        lost = [r for r, e in failed.items() if isinstance(e, ray.exceptions.RayActorError)]
+        if lost:
+            raise _lost(lost[0], n, places[lost[0]], failed[lost[0]])
+        own = [r for r, e in failed.items() if not _peer_gone(e)]
+        if own:
+            raise _task_error(failed[own[0]])
+        # Only "a peer went away": Ray names the actor that died once it knows (a lost node is
+        # declared dead after its missed health checks); past the grace, call it lost anyway.
+        now = time.monotonic()
+        peer_loss_since = peer_loss_since or now
+        if not pending or now - peer_loss_since > PEER_LOSS_GRACE_S:
+            rank = min(failed)
+            raise ActorLost(
+                f"worker {rank} of {n} lost its peers (a worker or its node went away): "
+                f"{plan.first_line(failed[rank])}"
+            )
+
+
+def _lost(rank: int, n: int, place: dict[str, Any], exc: BaseException) -> ActorLost:
+    """One line naming the lost worker, its node, and whether Ray declared the node dead."""
+    alive = None
+    with contextlib.suppress(Exception):
+        alive = cluster.node_alive(str(place.get("node_id")))
+    why = "its node died" if alive is False else "its actor died"
+    return ActorLost(
+        f"worker {rank} of {n} on node {cluster.node_label(place)} was lost ({why}): "
+        f"{plan.first_line(exc)}"
+    )
 
 
 def _poll(actor: Any) -> dict[str, Any] | None:

@@ -1,12 +1,18 @@
 """`dapo serve`: the three deployments, served to a Prefect server, with a Ray cluster to run on.
 
+It says which Ray it joined (its nodes, CPUs, GPUs) and where run directories go, with the
+runs-directory warning of a multi-node cluster (flows/cluster.py) before anything runs.
+
 Order matters on the way down: the runner (serve) stops before the Prefect server it talks to,
 otherwise it hangs on its last API calls. A local Ray instance started here is shared by every
-flow run (they join it through RAY_ADDRESS) and ends with this process.
+flow run (they join it through RAY_ADDRESS) and ends with this process; so does the Prefect
+server it starts, even when this process is killed (the kernel's parent-death signal).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -68,13 +74,64 @@ def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def port_owner(port: int) -> str | None:
+    """Which process listens on TCP `port` on this machine, as "pid N (command line)", when
+    Linux's /proc says so (a process of another user is not shown to us: None)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                # fields: sl, local "ADDR:PORT" (hex), remote, state (0A = LISTEN), ..., inode
+                if (
+                    len(fields) > 9
+                    and fields[3] == "0A"
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port
+                ):
+                    inodes.add(fields[9])
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in targets:
+                        command = (
+                            (proc / "cmdline")
+                            .read_bytes()
+                            .replace(b"\0", b" ")
+                            .decode(errors="replace")
+                        )
+                        return f"pid {proc.name} ({command.strip()[:120] or '?'})"
+    return None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of the server: SIGTERM it when this process dies, even by SIGKILL (Linux's
+    parent-death signal survives the exec of `prefect server start`, which runs in one
+    process)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def start_server(host: str, port: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """`prefect server start` in its own process group; returns it and its API URL once healthy."""
     with socket.socket() as s:
         if s.connect_ex((host, port)) == 0:
+            if server_healthy(f"http://{host}:{port}/api"):
+                raise ConnectionError(
+                    f"a Prefect server already answers on {host}:{port}: serve to it with "
+                    f"PREFECT_API_URL=http://{host}:{port}/api dapo serve, or choose another --port"
+                )
+            owner = port_owner(port)
             raise ConnectionError(
-                f"port {port} on {host} is taken but no Prefect server answers there: "
-                "choose another --port, or set PREFECT_API_URL to the server you run"
+                f"port {port} on {host} is taken by "
+                + (owner if owner else "another program")
+                + ", and it is not a Prefect server: choose another --port, or stop it (or set "
+                "PREFECT_API_URL to the Prefect server you run)"
             )
     prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +141,8 @@ def start_server(host: str, port: int, log_path: Path) -> tuple[subprocess.Popen
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # Safe here: `dapo serve` has started no threads yet (Prefect is not imported).
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
     api_url = f"http://{host}:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -148,8 +207,11 @@ def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows import ray_worker
+    from flows.cluster import alive_nodes, runs_dir_warning
+    from flows.plan import runs_dir
 
     cluster = ray_worker.connect(ray_address)
+    nodes = alive_nodes()
     if not (ray_address or os.environ.get("RAY_ADDRESS")):
         import ray
 
@@ -161,7 +223,9 @@ def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
     ui = api_url.rstrip("/").removesuffix("/api")
     print(
         f"\nPrefect UI: {ui}\n"
-        f"Ray: {where} ({cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU)\n"
+        f"Ray: {where} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}, "
+        f"{cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU)\n"
+        f"Run directories (checkpoints): {runs_dir()}\n"
         "Serving: ablation-sweep/dapo-sweep, ablation-arm/dapo-arm, evaluate-run/dapo-eval\n\n"
         "Trigger a sweep:\n"
         f"  UI:    {ui}/deployments → dapo-sweep → Run → Custom run (a form of the parameters)\n"
@@ -171,6 +235,10 @@ def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
         "Stop with Ctrl-C.\n",
         flush=True,
     )
+    # A sweep says it again when it starts; here it is seen before anything runs.
+    warning = runs_dir_warning(runs_dir(), nodes)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             prefect_serve(

@@ -17,35 +17,21 @@ from typing import Any
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from dapo_core.arms import ARM_NAMES, build_arm_config, ladder_rows
 from db.store import Store
 from flows import arm as arm_flow
-from flows import plan, progress, ray_worker
-from flows.params import ArmName, PresetName, Resources, SweepParams, validate
+from flows import checks, plan, progress, ray_worker
+from flows.cluster import check_placement, runs_dir_warning
+from flows.params import ArmParams, SweepParams, takes
 from flows.publish import publish_sweep
 
 FLOW_NAME = "ablation-sweep"
 DEPLOYMENT_NAME = "dapo-sweep"
 ARM_DEPLOYMENT = f"{arm_flow.FLOW_NAME}/{arm_flow.DEPLOYMENT_NAME}"
 CHILD_POLL_S = 2.0
-
-ALL_ARMS: list[str] = list(ARM_NAMES)
-FIRST_SEED: list[int] = [0]
-DEFAULT_RESOURCES = Resources()
-NO_OVERRIDES: dict[str, Any] = {}
-
-
-def prepare(
-    raw: dict[str, Any], sweep_id: int | None
-) -> tuple[SweepParams, Store, list[plan.ArmJob]]:
-    """Validate everything a sweep needs without writing anything (Ray is checked after)."""
-    params: SweepParams = validate(SweepParams, raw)
-    store = Store(params.store_url)
-    if sweep_id is not None:
-        # Running an existing sweep again: its own parameters, with this run's `force`.
-        stored = validate(SweepParams, dict(store.get_sweep(sweep_id).get("params") or {}))
-        params = stored.model_copy(update={"force": params.force})
-    return params, store, plan.sweep_jobs(params)
+SWEEP_ID_DOC = (
+    "run an existing sweep again with its stored parameters (completed arms are skipped "
+    "unless force)"
+)
 
 
 def launch_mode() -> str:
@@ -69,23 +55,23 @@ def run_child(
     mode: str, sweep_id: int, job: plan.ArmJob, params: SweepParams, store: Store
 ) -> dict[str, Any]:
     """One arm × seed to the end; {label, status, run_id?, error?}."""
-    child = {
-        "sweep_id": sweep_id,
-        "arm": job.arm,
-        "seed": job.seed,
-        "force": params.force,
-        "resources": params.resources.model_dump(),
-        "store_url": params.store_url,
-        "ray_address": params.ray_address,
-        "publish": False,
-    }
+    child = ArmParams(
+        sweep_id=sweep_id,
+        arm=job.arm,
+        seed=job.seed,
+        force=params.force,
+        resources=params.resources,
+        store_url=params.store_url,
+        ray_address=params.ray_address,
+        publish=False,
+    ).model_dump(mode="json")
     if mode == "deployment":
         from prefect.deployments import run_deployment
 
         created = run_deployment(
             ARM_DEPLOYMENT,
             parameters=child,
-            flow_run_name=f"{job.arm}-s{job.seed}-sweep{sweep_id}",
+            flow_run_name=plan.arm_flow_run_name(job.arm, job.seed, sweep_id),
             timeout=0,  # wait below, where a stopped sweep can cancel the child
         )
         flow_run = wait_for_child(created.id)
@@ -123,7 +109,6 @@ def wait_for_child(flow_run_id: Any) -> Any:
     Ctrl-C), cancel the child at once rather than wait for it: a cancelled sweep's arms must
     not go on training, and the sweep's process cannot exit while this thread waits."""
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
 
     with get_client(sync_client=True) as client:
         while True:
@@ -131,8 +116,20 @@ def wait_for_child(flow_run_id: Any) -> Any:
             if run.state is not None and run.state.is_final():
                 return run
             if ray_worker.STOP.wait(CHILD_POLL_S):
-                client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+                cancel_flow_run(client, flow_run_id)
                 raise ray_worker.Interrupted("stopped: the sweep was cancelled")
+
+
+def cancel_flow_run(client: Any, flow_run_id: Any) -> None:
+    """Cancel an arm's flow run unless it is final already. Never forced: forcing skips
+    Prefect's rules, and a forced Cancelling once put a run that its runner had just finished
+    cancelling back into a state that no process would ever end. Unforced, Prefect refuses
+    Cancelling on a final run and turns it into Cancelled for a run no process has picked up."""
+    from prefect.states import Cancelling
+
+    state = client.read_flow_run(flow_run_id).state
+    if state is not None and not state.is_final():
+        client.set_flow_run_state(flow_run_id, Cancelling())
 
 
 def run_sweep(
@@ -140,26 +137,33 @@ def run_sweep(
 ) -> dict[str, Any]:
     cluster = ray_worker.connect(params.ray_address)
     plan.check_fits(cluster, params.resources)
+    nodes = check_placement(params.resources, [job.config for job in jobs])
     mode = launch_mode()
     slots = plan.concurrency(cluster, params.resources, len(jobs))
+    if mode == "subflow":  # the arms train in this process's actors: start them now
+        ray_worker.prewarm(params.resources, slots)
 
     # --- the first write: everything above has been checked ---
     ctx = FlowRunContext.get()
     flow_run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else None
     if sweep_id is None:
-        base = build_arm_config(
-            ARM_NAMES[0],
+        ladder = params.parsed_ladder
+        base = ladder.config(
+            ladder.names[0],
             params.preset,
             {k: v for k, v in params.config_overrides(params.seeds[0]).items() if k != "run.seed"},
         )
         sweep_id = store.create_sweep(
             name=params.name
-            or f"{params.preset}: {len(params.arms)} arms × {len(params.seeds)} seed(s)",
+            or f"{ladder.name} on {params.preset}: {len(params.arms)} arms × "
+            f"{len(params.seeds)} seed(s)",
             preset=params.preset,
             arms=params.arms,
             seeds=params.seeds,
             base_config=base.to_dict(),
-            ladder=ladder_rows(),
+            # Every rung of the ladder with its parent (the table's Δ) and grid point (the
+            # dashboard's grid page), also for arms this sweep does not run.
+            ladder=ladder.rows(),
             flow_run_id=flow_run_id,
             params=params.model_dump(),
         )
@@ -173,6 +177,9 @@ def run_sweep(
         sweep_id=sweep_id,
         slots=slots,
     )
+    warning = runs_dir_warning(plan.runs_dir(), nodes)
+    if warning:
+        progress.say(warning, level="warning")
 
     results: list[dict[str, Any]] = []
     try:
@@ -209,8 +216,11 @@ def _run_all(
     # sweep as a child flow run.
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="arm")
     try:
-        futures = [pool.submit(contextvars.copy_context().run, one, job) for job in jobs]
-        results = [f.result() for f in futures]
+        # Longest first (LPT): the last round then holds the short arms, so the slots finish
+        # close together instead of one arm running on alone. Results keep the jobs' order.
+        order = plan.longest_first(jobs)
+        futures = {i: pool.submit(contextvars.copy_context().run, one, jobs[i]) for i in order}
+        results = [futures[i].result() for i in range(len(jobs))]
     except BaseException:
         # Stop the arms (their actors are killed) instead of waiting for them to finish.
         ray_worker.STOP.set()
@@ -237,7 +247,6 @@ def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     run) and marks its sweep row, instead of leaving them "running"."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-    from prefect.states import Cancelling
 
     try:
         with get_client(sync_client=True) as client:
@@ -247,8 +256,7 @@ def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
                 )
             )
             for child in children:
-                if child.state is not None and not child.state.is_final():
-                    client.set_flow_run_state(child.id, Cancelling(), force=True)
+                cancel_flow_run(client, child.id)
     except Exception:  # best effort: the server may be going away too
         pass
     try:
@@ -274,61 +282,9 @@ def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     on_cancellation=[_sweep_interrupted],
     on_crashed=[_sweep_interrupted],
 )
-def ablation_sweep(
-    preset: PresetName = "tiny",
-    arms: list[ArmName] = ALL_ARMS,
-    seeds: list[int] = FIRST_SEED,
-    steps: int | None = None,
-    model: str | None = None,
-    train_data: str | None = None,
-    eval_data: str | None = None,
-    eval_k: int | None = None,
-    eval_problems: int | None = None,
-    resources: Resources = DEFAULT_RESOURCES,
-    overrides: dict[str, Any] = NO_OVERRIDES,
-    store_url: str | None = None,
-    ray_address: str | None = None,
-    force: bool = False,
-    name: str | None = None,
-    sweep_id: int | None = None,
-) -> dict[str, Any]:
-    """Run the DAPO ablation ladder: one training run per arm × seed, then the ablation table.
-
-    Args:
-        preset: Base config (`tiny` trains the embedded model on CPU in minutes).
-        arms: Ladder arms to run (default: all six, grpo → dapo).
-        seeds: Seeds; each arm runs once per seed.
-        steps: Rollout steps per arm (default: the preset's).
-        model: `tiny`, a local model directory or a hub name (default: the preset's).
-        train_data: Training data: a data set name or a .jsonl/.parquet path.
-        eval_data: Evaluation set: a data set name or a path.
-        eval_k: Samples per eval problem for avg@k / pass@k.
-        eval_problems: Evaluate on the first N problems (0: all).
-        resources: CPUs and GPUs each arm's Ray actor asks for.
-        overrides: Dotted config overrides for every arm, e.g. {"batch.train_batch_size": 8}.
-        store_url: SQLAlchemy URL of the store (default: $DAPO_DB_URL, else the SQLite file).
-        ray_address: Ray cluster to join (default: $RAY_ADDRESS, else a local instance).
-        force: Retrain arms that already completed with the same config.
-        name: A name for the sweep.
-        sweep_id: Run an existing sweep again with its stored parameters (completed arms are
-            skipped unless force).
-    """
-    raw = {
-        "preset": preset,
-        "arms": arms,
-        "seeds": seeds,
-        "steps": steps,
-        "model": model,
-        "train_data": train_data,
-        "eval_data": eval_data,
-        "eval_k": eval_k,
-        "eval_problems": eval_problems,
-        "resources": resources.model_dump() if isinstance(resources, Resources) else resources,
-        "overrides": overrides,
-        "store_url": store_url,
-        "ray_address": ray_address,
-        "force": force,
-        "name": name,
-    }
-    params, store, jobs = prepare(raw, sweep_id)
+@takes(SweepParams, ("sweep_id", int | None, None, SWEEP_ID_DOC))
+def ablation_sweep(**parameters: Any) -> dict[str, Any]:
+    """Run an ablation ladder (built-in or your own): one run per arm × seed, then the table."""
+    sweep_id = parameters.pop("sweep_id", None)
+    params, store, jobs = checks.prepare_sweep(parameters, sweep_id)
     return run_sweep(params, store, jobs, sweep_id)

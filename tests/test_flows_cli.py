@@ -1,56 +1,43 @@
-"""`dapo sweep` and `dapo arm` from a terminal: ephemeral Prefect, a local Ray, the real store.
+"""`dapo sweep` and `dapo arm` from a terminal: a temporary Prefect server, a local Ray, the
+real store.
 
 The commands run as subprocesses, exactly as a user types them. Prefect's local database lives
-in .cache/ so that only the first run on a machine pays its set-up.
+in $PREFECT_HOME when the run sets one (.ci/run gives it a fresh, empty one, as a new machine
+has), else in .cache/ so that only the first run on a machine pays its set-up.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-DAPO = str(Path(sys.executable).parent / "dapo")
-FAST = [
-    "--set",
-    "batch.train_batch_size=4",
-    "--set",
-    "batch.gen_batch_size=4",
-    "--set",
-    "batch.mini_batch_size=2",
-    "--set",
-    "rollout.group_size=4",
-    "--set",
-    "run.checkpoint_every=1",
-    "--eval-problems",
-    "8",
-    "--eval-k",
-    "2",
-]
+from dapo_cli import (
+    DAPO,
+    LADDER_FILE,
+    ROOT,
+    SMALL,
+    SMALL_OVERRIDES,
+    dapo,
+    store_env,
+    stored_sweep,
+)
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    out = {
-        **os.environ,
-        "DAPO_DB_URL": f"sqlite:///{tmp_path / 'dapo.db'}",
-        "DAPO_RUNS_DIR": str(tmp_path / "runs"),
-        "PREFECT_HOME": str(ROOT / ".cache" / "test-prefect-home"),
-    }
-    for name in ("PREFECT_API_URL", "RAY_ADDRESS"):
-        out.pop(name, None)
+    out = store_env(tmp_path)
+    out.pop("RAY_ADDRESS", None)
     return out
-
-
-def dapo(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DAPO, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.mark.parametrize(
@@ -64,6 +51,13 @@ def dapo(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.Co
         (["--ray-address", "127.0.0.1:9"], "error: cannot reach the Ray cluster at 127.0.0.1:9"),
         (["--model", "./no/such/model"], "error: model path"),
         (["--store", "postgresql+psycopg://nobody@127.0.0.1:9/x"], "error: cannot open the store"),
+        (["--ladder", "no/such.toml"], "error: ladder file no/such.toml does not exist"),
+        (["--ladder", "dr-grpo", "--arms", "dapo"], "error: arms: unknown arm 'dapo': choose"),
+        (["--grid", "algo.nope=1,2"], "error: --grid algo.nope: no such config field"),
+        (
+            ["--grid", "algo.clip_high=0.24,0.32", "--set", "algo.clip_high=0.3"],
+            "error: overrides: algo.clip_high is the key the ladder's grid sweeps",
+        ),
     ],
 )
 def test_bad_sweep_input_is_one_line_and_exit_2(
@@ -78,6 +72,134 @@ def test_bad_sweep_input_is_one_line_and_exit_2(
         from db.engine import get_engine
 
         assert queries.latest_sweep_id(get_engine(env["DAPO_DB_URL"])) is None
+
+
+def _no_sweep_written(env: dict[str, str]) -> None:
+    from db import queries
+    from db.engine import get_engine
+
+    assert queries.latest_sweep_id(get_engine(env["DAPO_DB_URL"])) is None
+
+
+def test_a_malformed_data_file_is_one_line_exit_2_and_no_sweep(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 14.10: the data file was read only inside the Ray actor, after the sweep row was
+    written: 76 lines of Prefect tracebacks, exit 1 and a failed sweep in the store."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "unfinished\n')
+    result = dapo(env, "sweep", "--arms", "grpo", "--data", str(bad), "--quiet")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: training data: "), result.stderr
+    assert str(bad) in lines[0] and result.stdout == ""
+    _no_sweep_written(env)
+
+
+def test_a_model_path_that_is_not_a_model_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    result = dapo(env, "sweep", "--arms", "grpo", "--model", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: model path {tmp_path} is not a model directory (no config.json in it)"
+    )
+
+
+def _stored_sweep(env: dict[str, str], seeds: list[int], **extra: Any) -> tuple[Any, int]:
+    from db.store import Store
+    from flows.params import SweepParams, validate
+
+    params = validate(
+        SweepParams,
+        {"arms": ["grpo"], "seeds": seeds, "steps": 2, "eval_problems": 8, "eval_k": 2}
+        | {"overrides": SMALL_OVERRIDES}
+        | extra,
+    )
+    store = Store(env["DAPO_DB_URL"])
+    return store, stored_sweep(store, params, "stored")
+
+
+def test_dapo_arm_refuses_a_seed_or_arm_outside_the_sweep(env: dict[str, str]) -> None:
+    """Issue 14.5: it trained seed 5 and the table then averaged grpo over {0, 5} alone."""
+    from db import queries
+
+    store, sweep_id = _stored_sweep(env, [0])
+    for args, what in (
+        (("--arm", "grpo", "--seed", "5"), "seed 5 (its seeds: 0)"),
+        (("--arm", "dapo"), "arm 'dapo' (its arms: grpo)"),
+    ):
+        result = dapo(env, "arm", "--sweep", str(sweep_id), *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip() == (
+            f"error: sweep {sweep_id} has no {what}: choose one of its own, or pass --extend "
+            "(form: extend) to add it to the sweep"
+        )
+    assert queries.runs_of_sweep(store.engine, sweep_id).empty
+    assert store.get_sweep(sweep_id)["seeds"] == [0]
+
+
+def test_a_busy_port_is_named_with_what_holds_it(env: dict[str, str]) -> None:
+    """Issue 14.13: a second `dapo serve` said "no Prefect server answers there"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = dapo(env, "serve", "--port", str(port), timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"error: port {port} on 127.0.0.1 is taken by pid {os.getpid()} (")
+    assert "it is not a Prefect server: choose another --port" in line
+    assert "\n" not in line
+
+
+DRIVER = """
+import sys, time
+from flows.commands import prepare_terminal, use_temporary_server
+prepare_terminal()
+server = use_temporary_server()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_temporary_prefect_server_dies_with_a_killed_driver(env: dict[str, str]) -> None:
+    """Issue 14.15: a SIGKILLed `dapo sweep` left Prefect's temporary server running (still up
+    31 minutes later). The driver here starts its server exactly as `dapo sweep` does."""
+    from flows.local_server import healthy
+
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    server_pid = None
+    try:
+        assert driver.stdout is not None
+        server_pid = int(driver.stdout.readline().strip())  # printed once the server answers
+        cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
+        assert b"flows.local_server" in cmdline
+        api_url = None
+        for key, value in itertools.pairwise(cmdline):
+            if key == b"--port":
+                api_url = f"http://127.0.0.1:{int(value)}/api"
+        assert api_url and healthy(api_url)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(server_pid):
+            time.sleep(0.2)
+        assert not _alive(server_pid), "the server outlived its driver"
+        assert not healthy(api_url, timeout_s=1.0)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        if server_pid is not None and _alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
 def test_dapo_arm_on_an_empty_store_says_what_to_do(env: dict[str, str]) -> None:
@@ -100,7 +222,9 @@ def test_sweep_then_run_it_again_then_rerun_one_arm(env: dict[str, str]) -> None
     from db import queries
     from db.store import Store
 
-    first = dapo(env, "sweep", "--arms", "grpo,clip_higher", "--steps", "2", "--name", "cli", *FAST)
+    first = dapo(
+        env, "sweep", "--arms", "grpo,clip_higher", "--steps", "2", "--name", "cli", *SMALL
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
     # Progress in words, then the table, then the time split.
@@ -132,3 +256,188 @@ def test_sweep_then_run_it_again_then_rerun_one_arm(env: dict[str, str]) -> None
     table = queries.ablation_table(store.engine, 1)
     newest = int(attempts["run_id"].iloc[-1])
     assert list(table.loc[table["arm"] == "grpo", "run_ids"].iloc[0]) == [newest]
+
+
+@pytest.mark.slow
+def test_two_stores_sharing_a_runs_directory_never_share_a_run(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 14.1: a sweep into a fresh store, with the runs directory of an earlier store,
+    resumed the other store's checkpoint and recorded `completed` with 0 metrics."""
+    from db import queries
+    from db.store import Store
+
+    args = ("sweep", "--arms", "grpo", "--steps", "2", "--quiet", *SMALL)
+    first = dapo(env, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    other = {**env, "DAPO_DB_URL": f"sqlite:///{tmp_path / 'other.db'}"}
+    second = dapo(other, *args)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    runs = {}
+    for url in (env["DAPO_DB_URL"], other["DAPO_DB_URL"]):
+        store = Store(url)
+        (run,) = queries.runs_of_sweep(store.engine, 1).to_dict("records")  # both: sweep 1, run 1
+        assert run["run_id"] == 1 and run["status"] == "completed" and run["steps"] == 2
+        curves = queries.metric_curves(store.engine, [1])
+        assert sorted(set(curves["step"])) == [1, 2]  # trained here, not resumed
+        assert 0 in set(queries.evaluations(store.engine, 1)["step"])  # its own start
+        owner = json.loads((Path(run["checkpoint_dir"]) / "OWNER.json").read_text())
+        assert owner["store"] == store.store_id
+        runs[store.store_id] = run["checkpoint_dir"]
+    assert len(set(runs.values())) == 2
+    assert all(Path(d).is_relative_to(env["DAPO_RUNS_DIR"]) for d in runs.values())
+
+
+@pytest.mark.slow
+def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
+    env: dict[str, str],
+) -> None:
+    """Issue 14.6: the sweep stayed `running` after a successful resume, and the attempt that
+    the killed driver left stayed `running` too. Issue 14.5: --extend adds a seed on purpose."""
+    store, sweep_id = _stored_sweep(env, [0])
+    store.set_sweep_status(sweep_id, "running")  # then the driver was killed ...
+    stale = store.start_run(  # ... with its attempt still "running", no checkpoint yet
+        sweep_id=sweep_id, arm="grpo", seed=0, config={}, config_hash="h", host="gone"
+    )
+    done = dapo(env, "arm", "--sweep", str(sweep_id), "--arm", "grpo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    newest = store.latest_attempt(sweep_id, "grpo", 0)
+    assert newest is not None and newest["status"] == "completed"
+    assert store.get_sweep(sweep_id)["status"] == "completed"
+    old = store.get_run(stale)
+    assert old["status"] == "cancelled" and old["superseded_by"] == newest["run_id"]
+    assert newest["tries"] == 1 and newest["wall_s"] > 0
+    assert f"sweep {sweep_id} completed" in done.stdout
+
+    wider = dapo(env, "arm", "--sweep", str(sweep_id), "--arm", "grpo", "--seed", "1", "--extend")
+    assert wider.returncode == 0, wider.stdout + wider.stderr
+    sweep = store.get_sweep(sweep_id)
+    assert sweep["seeds"] == [0, 1] and sweep["params"]["seeds"] == [0, 1]
+    assert sweep["status"] == "completed"
+    assert store.latest_attempt(sweep_id, "grpo", 1)["status"] == "completed"  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_a_store_outage_mid_sweep_is_one_line_naming_the_store(
+    env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    """Issue 14.10 / 14.3: a store that goes away mid-sweep (and stays away past the budget)
+    ends the sweep with one line that names the store, not a SQLAlchemy dump."""
+    from conftest import PG_HOST, PG_PORT
+    from tcp_proxy import TcpProxy
+
+    from db.engine import safe_url
+    from db.store import Store
+
+    direct: str = request.getfixturevalue("pg_schemas")()
+    Store(direct)  # the schema exists before the outage
+    with TcpProxy((PG_HOST, PG_PORT)) as proxy:
+        url = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
+        outage = {**env, "DAPO_DB_URL": url, "DAPO_STORE_OUTAGE_S": "2"}
+        args = ["sweep", "--arms", "grpo", "--steps", "40", *SMALL]
+        driver = subprocess.Popen(
+            [DAPO, *args], env=outage, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            assert driver.stdout is not None
+            for line in driver.stdout:
+                # Training, and writing through the proxy (progress skips steps faster than
+                # its poll, so any step line will do).
+                if re.search(r"grpo s0  step \d+/40", line):
+                    proxy.stop()
+                    break
+            out, err = driver.communicate(timeout=600)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    assert driver.returncode == 1, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: sweep ") and safe_url(url) in lines[0], lines[0]
+    assert "unreachable" in lines[0] and "Traceback" not in err
+
+
+# --- ladders of your own (dapo_cli.LADDER_FILE), grids -----------------------------------------
+def test_a_bad_ladder_file_is_one_line_and_writes_nothing(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(LADDER_FILE.replace("0.28", "0.2"))  # eps28 then equals its parent
+    result = dapo(env, "sweep", "--ladder", str(bad))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"error: {bad}: arm 'eps28': same config as its parent 'base' on preset 'tiny': give it "
+        "a `set` that changes something, or remove it"
+    )
+    assert not Path(env["DAPO_DB_URL"].removeprefix("sqlite:///")).exists()
+
+
+def _csv_table(env: dict[str, str], sweep_id: int) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    shown = dapo(env, "table", "--sweep", str(sweep_id), "--format", "csv")
+    assert shown.returncode == 0, shown.stderr
+    return list(csv.DictReader(io.StringIO(shown.stdout)))
+
+
+@pytest.mark.slow
+def test_a_sweep_of_a_ladder_file_shows_its_arms_and_their_parents(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(LADDER_FILE)
+    done = dapo(env, "sweep", "--ladder", str(path), "--steps", "2", "--quiet", *SMALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = _csv_table(env, 1)
+    # The file's order, and Δ to each arm's own parent: no_std's is base (its `from`), not
+    # eps28 above it.
+    assert [(r["arm"], r["parent"]) for r in rows] == [
+        ("base", ""),
+        ("eps28", "base"),
+        ("no_std", "base"),
+    ]
+    score = {r["arm"]: float(r["score_mean_pct"]) for r in rows}
+    for row in rows[1:]:
+        assert float(row["delta_parent_pct"]) == pytest.approx(
+            score[row["arm"]] - score[row["parent"]]
+        )
+    assert {r["status"] for r in rows} == {"completed"}
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_stores_its_points_and_reruns_a_point_with_the_same_config(
+    env: dict[str, str],
+) -> None:
+    from db import queries
+    from db.store import Store
+
+    grid = ("--arms", "grpo", "--grid", "algo.clip_high=0.2,0.28")  # 0.2: grpo's own value
+    done = dapo(env, "sweep", *grid, "--steps", "2", "--quiet", *SMALL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = Store(env["DAPO_DB_URL"])
+    sweep = store.get_sweep(1)
+    assert sweep["arms"] == ["grpo", "grpo-clip_high=0.28"]
+    assert [(r["arm"], r["parent"], r["grid"]) for r in sweep["ladder"]] == [
+        ("grpo", None, {"algo.clip_high": 0.2}),
+        ("grpo-clip_high=0.28", "grpo", {"algo.clip_high": 0.28}),
+    ]
+    # The dashboard's grid page: one row per point, the base marked.
+    points = queries.grid_table(store.engine, 1)
+    assert list(points["arm"]) == ["grpo", "grpo-clip_high=0.28"]
+    assert [p["algo.clip_high"] for p in points["point"]] == [0.2, 0.28]
+    assert list(points["base"]) == [True, False]
+
+    # One point again from (sweep, arm, seed) alone: the stored ladder rebuilds the config it
+    # completed with, so the run is recognised and skipped.
+    (run,) = [
+        r
+        for r in queries.runs_of_sweep(store.engine, 1).to_dict("records")
+        if r["arm"] == "grpo-clip_high=0.28"
+    ]
+    again = dapo(env, "arm", "--arm", "grpo-clip_high=0.28")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"skipped: already completed with config {run['config_hash']}" in again.stdout
+    assert len(queries.arm_attempts(store.engine, 1, "grpo-clip_high=0.28")) == 1

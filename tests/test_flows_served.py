@@ -8,6 +8,7 @@ Prefect API exactly as the UI and the dashboard do (create_flow_run_from_deploym
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,9 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from dapo_cli import stored_sweep
 
+from dapo_core.train.run_dir import latest_step
 from flows import plan, ray_worker
 from flows.params import SweepParams, validate
 
@@ -205,12 +208,18 @@ def trigger(served: Served, deployment: str, parameters: dict[str, Any]) -> UUID
 
 
 def wait_final(served: Served, flow_run_id: UUID, timeout_s: float = FLOW_TIMEOUT_S) -> Any:
+    seen: list[str] = []
+
     def final() -> Any:
         with prefect_client(served.api_url) as client:
             run = client.read_flow_run(flow_run_id)
+        seen[:] = [f"{run.state.name}: {run.state.message}" if run.state else "no state"]
         return run if run.state is not None and run.state.is_final() else None
 
-    return _wait_for(final, f"flow run {flow_run_id}", timeout_s, log=served.log)
+    try:
+        return _wait_for(final, f"flow run {flow_run_id}", timeout_s, log=served.log)
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"flow run {flow_run_id} last seen as {seen}\n{exc}")
 
 
 def store(served: Served) -> Any:
@@ -349,7 +358,7 @@ def test_rerunning_an_arm_from_the_dashboard_makes_a_new_attempt_and_updates_the
     # A forced rerun of a completed arm starts over in its own directory: the first attempt's
     # checkpoints are kept.
     assert second["checkpoint_dir"] != first["checkpoint_dir"]
-    assert plan.checkpoint_step(first["checkpoint_dir"]) == 2
+    assert latest_step(first["checkpoint_dir"]) == 2
     table = queries.ablation_table(st.engine, sweep_id)
     grpo = table[table["arm"] == "grpo"].iloc[0]
     assert int(second["run_id"]) in list(grpo["run_ids"])
@@ -364,7 +373,6 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
 ) -> None:
     import ray
 
-    from dapo_core.arms import build_arm_config, ladder_rows
     from db import queries
 
     steps = 8
@@ -372,15 +380,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
         SweepParams, {"arms": ["token_loss"], "seeds": [0], "steps": steps, "overrides": FAST}
     )
     st = store(served)
-    sweep_id = st.create_sweep(
-        name="kill test",
-        preset="tiny",
-        arms=params.arms,
-        seeds=params.seeds,
-        base_config=build_arm_config("grpo", "tiny").to_dict(),
-        ladder=ladder_rows(),
-        params=params.model_dump(),
-    )
+    sweep_id = stored_sweep(st, params, "kill test")
     flow_run_id = trigger(
         served, "ablation-arm/dapo-arm", {"sweep_id": sweep_id, "arm": "token_loss", "seed": 0}
     )
@@ -389,7 +389,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
         latest = st.latest_attempt(sweep_id, "token_loss", 0)
         if latest is None or not latest.get("checkpoint_dir"):
             return None
-        step = plan.checkpoint_step(latest["checkpoint_dir"])
+        step = latest_step(latest["checkpoint_dir"])
         has_metrics = not queries.metric_curves(st.engine, [int(latest["run_id"])]).empty
         return (
             (int(latest["run_id"]), latest["checkpoint_dir"], step)
@@ -401,21 +401,41 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
         checkpointed, "the first checkpoint", FLOW_TIMEOUT_S, log=served.log
     )
     assert step < steps, "the run finished before it could be killed: give it more steps"
-    state_file = Path(run_dir) / "checkpoints" / f"step_{step}" / "trainer_state.pt"
-    inode = state_file.stat().st_ino
-    ray.kill(ray.get_actor(plan.actor_name(run_id), namespace=plan.ACTOR_NAMESPACE))
+    actor = ray_worker.training_actor(run_id)
+    assert actor is not None, f"no live actor trains run {run_id}"
+    ray.kill(actor)
+    # Training is fast: a later checkpoint may land between the look above and the kill. The
+    # checkpoints there when the actor died are kept as they are (inodes), whichever is last.
+    inodes = {
+        int(path.parent.name.removeprefix("step_")): path.stat().st_ino
+        for path in (Path(run_dir) / "checkpoints").glob("step_*/trainer_state.pt")
+    }
 
     run = wait_final(served, flow_run_id)
     assert run.state.is_completed(), run.state
-    # The same attempt finished the job: no new attempt row.
+    # The same attempt finished the job: no new attempt row; its time is both tries' (issue
+    # 14.6: it was the last try's alone).
     latest = st.latest_attempt(sweep_id, "token_loss", 0)
     assert int(latest["run_id"]) == run_id and latest["attempt"] == 1
     assert latest["status"] == "completed" and latest["steps"] == steps
-    # It resumed from the checkpoint (which it did not rewrite) rather than starting over.
-    assert any(
-        f"resuming from the checkpoint at step {step}" in m for m in flow_logs(served, flow_run_id)
+    assert latest["tries"] == 2
+    _wait_for(  # the flow run's last log lines may reach the server after its final state
+        lambda: any(
+            f"{steps} steps in" in m and "over 2 tries" in m for m in flow_logs(served, flow_run_id)
+        ),
+        "the completion line counting both tries",
+        30.0,
+        log=served.log,
     )
-    assert state_file.stat().st_ino == inode
+    # It resumed from a checkpoint (which it did not rewrite) rather than starting over.
+    resumed = [
+        int(found.group(1))
+        for m in flow_logs(served, flow_run_id)
+        if (found := re.search(r"resuming from the checkpoint at step (\d+)", m))
+    ]
+    assert resumed and step <= resumed[0] < steps, resumed
+    state_file = Path(run_dir) / "checkpoints" / f"step_{resumed[0]}" / "trainer_state.pt"
+    assert resumed[0] in inodes and state_file.stat().st_ino == inodes[resumed[0]]
     # Every step once, each with the same metrics, and the counters continue across the kill.
     curves = queries.metric_curves(st.engine, [run_id])
     training = curves[~curves["name"].str.startswith("eval/")]  # the last step adds its eval
@@ -428,8 +448,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
 
 
 def test_the_deployments_carry_typed_forms(served: Served) -> None:
-    from dapo_core.arms import ARM_NAMES
-    from dapo_core.presets import PRESETS
+    from dapo_core.setup.presets import PRESETS
 
     with prefect_client(served.api_url) as client:
         sweep_form = client.read_deployment_by_name(
@@ -437,11 +456,21 @@ def test_the_deployments_carry_typed_forms(served: Served) -> None:
         ).parameter_openapi_schema
         arm_form = client.read_deployment_by_name("ablation-arm/dapo-arm").parameter_openapi_schema
     props = sweep_form["properties"]
-    assert props["arms"]["items"]["enum"] == list(ARM_NAMES)
-    assert props["arms"]["default"] == list(ARM_NAMES)
+    # The ladder: a text box (a built-in's name, or a ladder file's TOML pasted in); the arms:
+    # free text checked against it (no drop-down: they are the ladder's, not the paper's).
+    assert props["ladder"]["type"] == "string" and props["ladder"]["default"] == "paper"
+    assert "beyond-dapo" in props["ladder"]["description"]
+    assert "TOML" in props["ladder"]["description"]
+    assert list(props).index("ladder") < list(props).index("arms")
+    assert props["arms"]["items"] == {"type": "string"} and props["arms"]["default"] == []
     assert props["preset"]["enum"] == list(PRESETS)
     assert props["seeds"]["items"]["type"] == "integer"
-    assert set(sweep_form["definitions"]["Resources"]["properties"]) == {"cpus", "gpus"}
+    assert set(sweep_form["definitions"]["Resources"]["properties"]) == {
+        "cpus",
+        "gpus",
+        "workers",
+        "placement",
+    }
     for name in (
         "steps",
         "model",
@@ -456,6 +485,74 @@ def test_the_deployments_carry_typed_forms(served: Served) -> None:
     # What the dashboard's rerun button sends must fit the arm's form.
     assert {"sweep_id", "arm", "seed", "force"} <= set(arm_form["properties"])
     assert arm_form["required"] == ["sweep_id", "arm"]
+    assert arm_form["properties"]["arm"]["type"] == "string"
+
+
+def test_the_sweep_flow_takes_a_ladder_and_names_any_arms_runs_validly() -> None:
+    """No server needed: the flow's own parameter schema (what to_deployment sends) and the
+    arm flow run's name for an arm named by grid values."""
+    from prefect.types.names import BANNED_CHARACTERS
+
+    from flows.arm import ablation_arm
+    from flows.sweep import ablation_sweep
+
+    props = ablation_sweep.parameters.model_dump()["properties"]
+    assert props["ladder"]["type"] == "string" and props["ladder"]["default"] == "paper"
+    name = plan.arm_flow_run_name("dapo-clip_high=0.24", 1, 3)
+    assert name == ablation_arm.flow_run_name.format(arm="dapo-clip_high=0.24", seed=1, sweep_id=3)
+    assert not set(name) & set(BANNED_CHARACTERS)
+
+
+FORM_LADDER = """\
+name = "from the form"
+
+[[arms]]
+name = "base"
+from = "token_loss"
+
+[[arms]]
+name = "base-clip_high=0.3"
+set = { "algo.clip_high" = 0.3 }
+"""
+
+
+def test_a_ladder_typed_into_the_form_runs_and_an_arm_reruns_from_the_dashboard(
+    served: Served,
+) -> None:
+    """The sweep form's ladder (TOML text) runs through the deployments; the dashboard's
+    rerun sends only (sweep, arm, seed) and the arm deployment rebuilds the same config from
+    the ladder stored with the sweep."""
+    from dashboard.rerun import request_rerun
+    from db import queries
+
+    params = {"ladder": FORM_LADDER, "seeds": [0], "steps": 2, "overrides": FAST}
+    run = wait_final(served, trigger(served, "ablation-sweep/dapo-sweep", params))
+    assert run.state.is_completed(), (run.state, served.log.read_text()[-3000:])
+    st = store(served)
+    sweep_id = max(sweep_ids(served))
+    row = st.get_sweep(sweep_id)
+    assert row["arms"] == ["base", "base-clip_high=0.3"]
+    assert [(r["arm"], r["parent"]) for r in row["ladder"]] == [
+        ("base", None),
+        ("base-clip_high=0.3", "base"),
+    ]
+    first = st.latest_attempt(sweep_id, "base-clip_high=0.3", 0)
+    with prefect_client(served.api_url) as client:
+        child = client.read_flow_run(UUID(first["flow_run_id"]))
+    assert child.name == f"base-clip_high=0.3-s0-sweep{sweep_id}"
+
+    result = request_rerun(
+        sweep_id, "base-clip_high=0.3", 0, environ={"PREFECT_API_URL": served.api_url}
+    )
+    assert result.ok, result.message
+    rerun = wait_final(served, UUID(result.flow_run_id))
+    assert rerun.state.is_completed(), rerun.state
+    second = st.latest_attempt(sweep_id, "base-clip_high=0.3", 0)
+    assert second["attempt"] == 2 and second["status"] == "completed"
+    assert second["config_hash"] == first["config_hash"]
+    table = queries.ablation_table(st.engine, sweep_id)
+    assert list(table["arm"]) == ["base", "base-clip_high=0.3"]
+    assert list(table["parent"].fillna("")) == ["", "base"]
 
 
 def test_the_eval_deployment_scores_a_stored_checkpoint(
@@ -478,6 +575,27 @@ def test_the_eval_deployment_scores_a_stored_checkpoint(
         and int(added["step"].iloc[0]) == 2
     )
     assert 0.0 <= float(added["avg_at_k"].iloc[0]) <= 1.0
+
+
+def test_cancelling_an_arm_never_reopens_one_its_runner_already_cancelled(served: Served) -> None:
+    """The sweep cancels its arms while their runner cancels them too: whichever comes last
+    must leave an arm that is already Cancelled as it is (a forced Cancelling reopened it, and
+    no process was left to end it)."""
+    from prefect.states import Cancelled, Cancelling
+
+    from flows.sweep import cancel_flow_run
+
+    with prefect_client(served.api_url) as client:
+        dep = client.read_deployment_by_name("ablation-arm/dapo-arm")
+        run_id = client.create_flow_run_from_deployment(
+            dep.id, parameters={"sweep_id": 1, "arm": "grpo"}, state=Cancelled()
+        ).id
+        cancel_flow_run(client, run_id)
+        assert client.read_flow_run(run_id).state.is_cancelled()
+        # What the sweep did before: forced, it takes the run out of its final state.
+        client.set_flow_run_state(run_id, Cancelling(), force=True)
+        assert not client.read_flow_run(run_id).state.is_final()
+        client.set_flow_run_state(run_id, Cancelled(), force=True)
 
 
 def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: Served) -> None:

@@ -1,0 +1,146 @@
+"""What a sweep or an arm checks before its first write, without Prefect.
+
+`dapo sweep` / `dapo arm` call these before a Prefect server or Ray is started, and the flows
+call them again first thing (a served flow run gets its parameters from a form), so that a
+user mistake ends in one line and leaves nothing behind: no sweep row, no run row, no run
+directory. The data files are loaded, not only looked for: a malformed row fails here, naming
+the file and the row, rather than in the trainer after the sweep was created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dapo_core.setup.ladders import BUILTIN_LADDERS, Ladder, expand_grid, resolve_ladder
+from db.store import Store
+from flows import plan
+from flows.params import SweepParams, validate
+
+# A local model directory must hold at least this (the Hugging Face layout).
+MODEL_CONFIG = "config.json"
+
+
+def prepare_sweep(
+    raw: Mapping[str, Any], sweep_id: int | None
+) -> tuple[SweepParams, Store, list[plan.ArmJob]]:
+    """Validate everything a sweep needs without writing anything (Ray is checked after):
+    the parameters, every arm's config, the store, the model path and the data files."""
+    params: SweepParams = validate(SweepParams, dict(raw))
+    jobs = plan.sweep_jobs(params)  # configs first: a typo needs no store
+    store = Store(params.store_url)
+    if sweep_id is not None:
+        # Running an existing sweep again: its own parameters, with this run's `force`.
+        stored = validate(SweepParams, dict(store.get_sweep(sweep_id).get("params") or {}))
+        params = stored.model_copy(update={"force": params.force})
+        jobs = plan.sweep_jobs(params)
+    check_inputs(job.config for job in jobs)
+    return params, store, jobs
+
+
+def sweep_ladder(
+    ladder: str | None, grids: Sequence[str], arms: Sequence[str] | None, preset: str
+) -> tuple[str, list[str] | None]:
+    """`dapo sweep --ladder NAME_OR_FILE [--arms ...] [--grid key=v1,v2 ...]` as SweepParams'
+    (ladder, arms): the ladder file is read and checked here, on the caller's machine (the
+    flow may run elsewhere), and a grid is expanded from its base arm (the one --arms names,
+    else the ladder's last) into a ladder of its own whose arms all run. A bad file, grid or
+    base is one line (ValueError) before anything is written."""
+    from dapo_core.cli import parse_grid
+
+    validate(SweepParams, {"preset": preset})  # a bad preset first, in its usual words
+    name = ladder or "paper"
+    resolved: Ladder = resolve_ladder(name, preset)
+    if not grids:
+        # A built-in travels by name (readable in the flow run's parameters); a file as text.
+        return (name if name in BUILTIN_LADDERS else resolved.to_toml()), (
+            list(arms) if arms else None
+        )
+    if arms and len(arms) > 1:
+        raise ValueError(
+            f"--grid expands one base arm, got --arms {','.join(arms)}: name one (the grid's "
+            "points and that arm are the sweep's arms)"
+        )
+    base = arms[0] if arms else resolved.arms[-1].name
+    resolved.arm(base)  # an unknown base names the ladder's arms
+    grid = expand_grid(
+        resolved, parse_grid(list(grids), resolved.config(base, preset)), arm=base, preset=preset
+    )
+    return grid.to_toml(), None
+
+
+def check_inputs(configs: Iterable[Mapping[str, Any]]) -> None:
+    """Load every data set the configs name (once each) and check every local model path:
+    ValueError / FileNotFoundError in one line naming the file (and the row)."""
+    from dapo_core.data.loaders import load_problems
+
+    seen: set[str] = set()
+    for config in configs:
+        plan.check_local_paths(config)
+        check_model(str(config["model"]["name_or_path"]))
+        data = config["data"]
+        for what, value in (("training data", data["train"]), ("eval data", data["eval"])):
+            if str(value) in seen:
+                continue
+            seen.add(str(value))
+            try:
+                problems = load_problems(str(value))
+            except (ValueError, FileNotFoundError) as exc:
+                raise type(exc)(f"{what}: {exc}") from None
+            if not problems:
+                raise ValueError(f"{what} {value} holds no problems")
+
+
+def check_model(name_or_path: str) -> None:
+    """A model given as a local path must be a model directory (a hub name is left to the
+    trainer: whether it downloads depends on the machine that trains)."""
+    if not plan.looks_like_path(name_or_path):
+        return
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {name_or_path} does not exist")
+    if not (path / MODEL_CONFIG).is_file():
+        raise ValueError(
+            f"model path {name_or_path} is not a model directory (no {MODEL_CONFIG} in it)"
+        )
+
+
+def arm_in_sweep(sweep: Mapping[str, Any], arm: str, seed: int, *, extend: bool) -> SweepParams:
+    """The sweep's parameters for running (arm, seed) in it.
+
+    An arm or seed the sweep does not have is refused: the table compares arms over the same
+    seeds, so one extra seed in one arm would shift its mean alone. `extend` widens the sweep
+    instead; the returned parameters then hold the new arm or seed (the caller stores them).
+    """
+    params: SweepParams = validate(SweepParams, dict(sweep.get("params") or {}))
+    arms = [str(a) for a in sweep.get("arms") or params.arms]
+    seeds = [int(s) for s in sweep.get("seeds") or params.seeds]
+    sweep_id = sweep.get("sweep_id", sweep.get("id"))
+    ladder = params.parsed_ladder
+    if arm not in ladder.names:
+        # Not even --extend can add it: the sweep's ladder (stored with it) defines its arms.
+        raise ValueError(
+            f"sweep {sweep_id}'s ladder {ladder.name!r} has no arm {arm!r}: choose one of "
+            f"{', '.join(ladder.names)}"
+        )
+    missing = []
+    if arm not in arms:
+        missing.append(f"arm {arm!r} (its arms: {', '.join(arms)})")
+    if seed not in seeds:
+        missing.append(f"seed {seed} (its seeds: {', '.join(map(str, seeds))})")
+    if not missing:
+        return params
+    if not extend:
+        raise ValueError(
+            f"sweep {sweep_id} has no {' and no '.join(missing)}: choose one of its own, or "
+            "pass --extend (form: extend) to add it to the sweep"
+        )
+    return validate(
+        SweepParams,
+        {
+            **params.model_dump(),
+            "arms": [*arms, arm] if arm not in arms else arms,
+            "seeds": [*seeds, seed] if seed not in seeds else seeds,
+        },
+    )

@@ -1,0 +1,254 @@
+"""Arms on a real 2-node Ray cluster on this machine (`make test-cluster`; issue 12 §3).
+
+The cluster (tests/ray_cluster.py) is two `ray start` nodes of 2 CPUs each, with their own temp
+dirs, ports and auth token; it is stopped at the end by the processes it started, and the last
+test proves none is left. `dapo sweep` runs as a subprocess and joins it the way a user does
+(RAY_ADDRESS, or --ray-address), with a store and a runs directory under the test's tmp dir
+(the nodes share this machine's disk, so the runs directory is shared).
+
+In file order: two arms that need a whole node each land on different nodes; one arm of two
+workers spread over both nodes; the same arm losing the second node mid-run, retried by the
+flow's task retry and resumed from its checkpoint on the surviving node; the cluster stops.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dapo_cli import DAPO, ROOT, SMALL, store_env
+from ray_cluster import RayCluster, proc_stat, ray_cluster
+
+pytestmark = pytest.mark.slow
+
+NODE = re.compile(r"node ([0-9a-f]{8})@")
+SWEEP_TIMEOUT_S = 240
+# One arm of two workers with a CPU each, spread over the nodes.
+SPREAD_ARM = ("--arms", "grpo", "--workers", "2", "--cpus", "1", "--spread")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    with ray_cluster(tmp_path_factory.mktemp("ray-cluster"), nodes=2, cpus_per_node=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def node_ids(cluster: RayCluster) -> list[str]:
+    """The nodes' ids (first 8 hex digits) by node index, as a driver joining through
+    RAY_ADDRESS sees them: both alive, 2 CPUs each."""
+    rows = cluster.ray_nodes()
+    assert sorted(r["index"] for r in rows) == [0, 1], rows
+    assert all(r["Alive"] and r["Resources"]["CPU"] == 2.0 for r in rows), rows
+    return [str(r["NodeID"])[:8] for r in sorted(rows, key=lambda r: int(r["index"]))]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory, cluster: RayCluster) -> dict[str, Any]:
+    """One store and one runs directory for the module's sweeps (each test its own sweep)."""
+    tmp = tmp_path_factory.mktemp("cluster-work")
+    env = store_env(tmp, cluster.env, OMP_NUM_THREADS="1")
+    return {"env": env, "runs": tmp / "runs", "url": env["DAPO_DB_URL"]}
+
+
+def dapo_sweep(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [DAPO, "sweep", *args, *SMALL],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for a `dapo sweep`; killed by its pid if it overruns, whatever happens."""
+    try:
+        out, err = proc.communicate(timeout=SWEEP_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
+    return out, err
+
+
+def runs(url: str) -> list[dict[str, Any]]:
+    from db import queries
+    from db.engine import get_engine
+
+    engine = get_engine(url)
+    sweep = queries.latest_sweep_id(engine)
+    assert sweep is not None
+    return [
+        queries.run_details(engine, int(r)) for r in queries.runs_of_sweep(engine, sweep)["run_id"]
+    ]
+
+
+def test_two_arms_that_need_a_node_each_run_on_different_nodes(
+    cluster: RayCluster, node_ids: list[str], work: dict[str, Any]
+) -> None:
+    """--cpus 2 on 2-CPU nodes: the sweep's two warm actors need a whole node each, so they
+    sit on different nodes, and the arms take them in turn (whether they overlap in time or
+    not); the driver joins through RAY_ADDRESS; the store says where each ran; the runs
+    directory warning is one line."""
+    env = {**work["env"], "RAY_ADDRESS": cluster.address}
+    _, err = finish(
+        dapo_sweep(env, "--arms", "grpo", "clip_higher", "--cpus", "2", "--steps", "2", "--quiet")
+    )
+    done = sorted(runs(work["url"]), key=lambda r: str(r["arm"]))
+    assert [(r["arm"], r["status"]) for r in done] == [
+        ("clip_higher", "completed"),
+        ("grpo", "completed"),
+    ]
+    nodes = [NODE.findall(r["host"]) for r in done]
+    assert all(len(n) == 1 for n in nodes), [r["host"] for r in done]
+    assert {n[0] for n in nodes} == set(node_ids), (nodes, node_ids)
+    for run in done:
+        ckpt = Path(run["checkpoint_dir"])
+        assert ckpt.is_absolute() and ckpt.is_relative_to(work["runs"])
+        assert (ckpt / "checkpoints" / "step_2").is_dir()
+    # DAPO_RUNS_DIR is on this machine's local disk: said once, at sweep start, in words.
+    warnings = [line for line in err.splitlines() if "local file system" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: "), err
+    assert "the Ray cluster has 2 nodes" in warnings[0]
+    assert "so they see it" in warnings[0]  # both nodes are on this machine
+
+
+def test_a_two_worker_arm_spreads_over_both_nodes(
+    cluster: RayCluster, node_ids: list[str], work: dict[str, Any]
+) -> None:
+    """--workers 2 --spread: rank 0 and rank 1 on different nodes, one sharded checkpoint in
+    the shared runs directory; the driver joins through --ray-address."""
+    finish(
+        dapo_sweep(
+            work["env"],
+            "--ray-address",
+            cluster.address,
+            *SPREAD_ARM,
+            "--steps",
+            "2",
+            "--name",
+            "spread",
+        )
+    )
+    (run,) = runs(work["url"])
+    assert run["status"] == "completed" and run["tries"] == 1
+    ranks = dict(re.findall(r"node ([0-9a-f]{8})@[^:]+: rank (\d)", run["host"]))
+    assert set(ranks) == set(node_ids) and sorted(ranks.values()) == ["0", "1"], run["host"]
+    step = Path(run["checkpoint_dir"]) / "checkpoints" / "step_2"
+    assert step.is_relative_to(work["runs"])
+    assert (step / "dcp").is_dir()  # torch.distributed.checkpoint shards of both ranks
+    assert sorted(p.name for p in (step / "ranks").iterdir()) == ["rank_0.pt", "rank_1.pt"]
+
+
+def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
+    cluster: RayCluster, node_ids: list[str], work: dict[str, Any]
+) -> None:
+    """The second node is lost (all its processes SIGKILLed) after the arm's first checkpoint:
+    the try fails with one line naming the lost node, the flow's task retry starts both workers again on the
+    surviving node, resumed from the last checkpoint; every step's metrics are there once."""
+    steps = 5
+    proc = dapo_sweep(
+        {**work["env"], "RAY_ADDRESS": cluster.address},
+        *SPREAD_ARM,
+        "--steps",
+        str(steps),
+        "--name",
+        "node-loss",
+    )
+    try:
+        # Wait for the first checkpoint of this sweep's run.
+        deadline = time.monotonic() + SWEEP_TIMEOUT_S
+        latest = None
+        while latest is None and time.monotonic() < deadline and proc.poll() is None:
+            run_dir = _run_dir(work["url"], "node-loss")
+            if run_dir is not None and (run_dir / "checkpoints" / "latest").is_file():
+                latest = run_dir / "checkpoints" / "latest"
+            time.sleep(0.2)
+        assert latest is not None, "no checkpoint appeared"
+        t_kill = time.monotonic()
+        raylet = cluster.kill_node(1)
+        saved = int(latest.read_text().strip().removeprefix("step_"))  # at the kill, or after
+        # Rank 1 died with its node, so rank 0 cannot have finished the arm alone.
+        assert saved < steps, f"the arm finished (step {saved}) before the node was lost"
+        lost_session = cluster.nodes[1].session
+        out, _ = finish(proc)
+        t_done = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+    # The lost node took every process of its own with it.
+    assert proc_stat(raylet) is None
+    left = [p for p in cluster.processes() if (proc_stat(p) or ("", 0, 0, 0))[3] == lost_session]
+    assert left == [], left
+
+    (run,) = runs(work["url"])
+    assert run["status"] == "completed" and run["tries"] == 2, run
+    # The lost try's one line, naming the worker and the node that died.
+    error = str(run["error"])
+    assert "\n" not in error and error.startswith("ActorLost: worker"), error
+    assert f"on node {node_ids[1]}@" in error and "(its node died)" in error, error
+    # The retry ran both ranks on the surviving node, from the checkpoint.
+    assert NODE.findall(run["host"]) == [node_ids[0]], run["host"]
+    assert "ranks 0-1" in run["host"]
+    resumed = re.findall(r"resuming from the checkpoint at step (\d+)", out)
+    assert len(resumed) == 1 and saved <= int(resumed[0]) < steps, (saved, out)
+
+    from db import queries
+    from db.engine import get_engine
+
+    engine = get_engine(work["url"])
+    curves = queries.metric_curves(engine, [run["id"]])
+    per_key = curves.groupby(["step", "name"]).size()
+    assert (per_key == 1).all()  # once each (the store's upsert)
+    names = {
+        step: {n for n in frame["name"] if not n.startswith("eval/")}
+        for step, frame in curves.groupby("step")
+    }
+    assert sorted(names) == list(range(1, steps + 1)), sorted(names)
+    assert all(names[s] == names[1] for s in names), "a step misses metrics"
+    rollout = curves[curves["name"] == "progress/rollout_step"].set_index("step")["value"]
+    assert rollout.to_dict() == {s: float(s) for s in range(1, steps + 1)}
+    evals = queries.evaluations(engine, run["id"])
+    assert sorted(evals["step"]) == [0, steps]
+    # What happened, for the log (`pytest -s`): the sweep's own timestamped lines.
+    story = [
+        line
+        for line in out.splitlines()
+        if re.match(r"\[\d+:\d\d:\d\d\] grpo s0  (run|resuming)", line)
+    ]
+    killed = f"node {node_ids[1]} killed; the arm's latest checkpoint then: step {saved}"
+    done = f"sweep done {t_done - t_kill:.1f} s after the kill"
+    print("\n".join(["", killed, *story, done]))
+
+
+def _run_dir(url: str, sweep_name: str) -> Path | None:
+    """The run directory of the newest run of the newest sweep, when that sweep is named so."""
+    from db import queries
+    from db.engine import get_engine
+
+    engine = get_engine(url)
+    sweep = queries.latest_sweep_id(engine)
+    if sweep is None or queries.sweep_details(engine, sweep).get("name") != sweep_name:
+        return None
+    frame = queries.runs_of_sweep(engine, sweep)
+    if frame.empty or not frame["checkpoint_dir"].iloc[-1]:
+        return None
+    return Path(str(frame["checkpoint_dir"].iloc[-1]))
+
+
+def test_the_cluster_stops_leaving_no_process(cluster: RayCluster) -> None:
+    assert cluster.processes(), "the head node should still be running"
+    cluster.stop()
+    assert cluster.processes() == {}
+    for node in cluster.nodes:
+        assert node.proc.returncode is not None
