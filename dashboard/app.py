@@ -11,6 +11,8 @@ from pathlib import Path
 import sqlalchemy as sa
 import streamlit as st
 
+from db.errors import first_line
+
 VIEWS = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="DAPO Lab", page_icon=":material/science:", layout="wide")
@@ -21,6 +23,13 @@ pages = [
     ),
     st.Page(VIEWS / "sweeps.py", title="Sweeps", icon=":material/list:", url_path="sweeps"),
     st.Page(VIEWS / "curves.py", title="Curves", icon=":material/show_chart:", url_path="curves"),
+    st.Page(
+        VIEWS / "mechanisms.py",
+        title="Mechanisms",
+        icon=":material/settings_suggest:",
+        url_path="mechanisms",
+    ),
+    st.Page(VIEWS / "grid.py", title="Grid", icon=":material/scatter_plot:", url_path="grid"),
     st.Page(VIEWS / "rollouts.py", title="Rollouts", icon=":material/chat:", url_path="rollouts"),
     st.Page(VIEWS / "run.py", title="Run", icon=":material/search:", url_path="run"),
     st.Page(
@@ -34,5 +43,4 @@ try:
 except (ValueError, ConnectionError, sa.exc.SQLAlchemyError) as error:
     # Expected failures (a sweep deleted under our feet, a database gone away) read as one
     # line; anything else is a bug and keeps Streamlit's traceback.
-    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    st.error(f"{message}")
+    st.error(first_line(error))

@@ -18,16 +18,14 @@ APP = Path(__file__).with_name("app.py")
 
 def register(subparsers: Any) -> None:
     """Add the `dashboard` subcommand to the `dapo` dispatcher."""
+    from db.cli import store_argument
+
     parser = subparsers.add_parser(
         "dashboard",
         help="serve the dashboard (ablation table, curves, rollouts, runs)",
         description="Serve the DAPO Lab dashboard with Streamlit and print its URL.",
     )
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="store URL (default: $DAPO_DB_URL, else the local SQLite file)",
-    )
+    store_argument(parser)
     parser.add_argument("--port", type=int, default=8501, help="port to serve on (8501)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.set_defaults(func=run_dashboard)
@@ -61,12 +59,11 @@ def run_dashboard(args: argparse.Namespace) -> int:
     """Check the store, then run Streamlit in the foreground until interrupted."""
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
-    from dashboard.source import safe_url
     from db import engine as db_engine
 
-    url = db_engine.resolve_url(args.url)
+    url = db_engine.resolve_url(args.store)
     db_engine.get_engine(url)  # ValueError / ConnectionError with one clear line if unusable
-    print(f"DAPO Lab dashboard: http://{args.host}:{args.port}  (store: {safe_url(url)})")
+    print(f"DAPO Lab dashboard: http://{args.host}:{args.port}  (store: {db_engine.safe_url(url)})")
     print("Press Ctrl+C to stop.", flush=True)
     env = dict(os.environ, DAPO_DB_URL=url)
     try:

@@ -12,19 +12,10 @@ from typing import Any
 
 import pandas as pd
 
+# one flattening for the run page's diff and the mechanism table's `changes`
+from db.mechanisms import flatten
+
 ABSENT = "(absent)"
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"algo": {"clip": {"high": 0.28}}} -> {"algo.clip.high": 0.28}; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, prefix=f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def show_value(value: Any) -> str:

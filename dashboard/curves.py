@@ -1,8 +1,10 @@
 """Training curves: join an x-axis, smooth, and fold seeds into a band, then draw with altair.
 
-Input is db.queries.metric_curves' long frame (run_id, arm, seed, step, name, value). Seeds of
-one arm are aligned by rollout step (every seed logs every step), so the band at a step spans
-the seeds' values there, and its x is the seeds' mean x (tokens differ a little between seeds).
+Input is db.queries.metric_curves' (or evaluation_curves') long frame (run_id, arm, seed, step,
+name, value). Seeds of one arm are aligned by rollout step (every seed logs every step and
+evaluates at the same steps), so the band at a step is over the seeds' values there, and its x
+is the seeds' mean x (tokens differ a little between seeds). The band is the 95% t-interval of
+the mean over seeds (db.stats, as in the ablation table); one seed has none.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-BAND_COLUMNS = ["arm", "name", "step", "x", "mean", "low", "high", "n_seeds"]
+from db import stats
+
+BAND_COLUMNS = ["arm", "name", "step", "x", "mean", "low", "high", "min", "max", "n_seeds"]
 
 
 def ema(values: Sequence[float], weight: float) -> np.ndarray:
@@ -64,18 +68,59 @@ def smooth(curves: pd.DataFrame, weight: float) -> pd.DataFrame:
 
 
 def seed_band(curves: pd.DataFrame) -> pd.DataFrame:
-    """Fold seeds: per (arm, metric, step) the mean line and the min/max band over seeds."""
+    """Fold seeds: per (arm, metric, step) the mean over seeds, its 95% t-interval (low, high;
+    NaN with one seed) and the seeds' min and max."""
     if curves.empty:
         return pd.DataFrame(columns=BAND_COLUMNS)
-    grouped = curves.groupby(["arm", "name", "step"], sort=False)
-    band = grouped.agg(
-        x=("x", "mean"),
-        mean=("value", "mean"),
-        low=("value", "min"),
-        high=("value", "max"),
-        n_seeds=("seed", "nunique"),
-    ).reset_index()
-    return band.sort_values(["name", "arm", "step"]).reset_index(drop=True)[BAND_COLUMNS]
+    rows = []
+    for (arm, name, step), group in curves.groupby(["arm", "name", "step"], sort=False):
+        values = [float(v) for v in group["value"] if not np.isnan(v)]
+        estimate = stats.t_interval(values) if values else stats.EMPTY
+        rows.append(
+            {
+                "arm": arm,
+                "name": name,
+                "step": step,
+                "x": float(group["x"].mean()),
+                "mean": estimate.mean,
+                "low": estimate.low,
+                "high": estimate.high,
+                "min": min(values, default=np.nan),
+                "max": max(values, default=np.nan),
+                "n_seeds": int(group["seed"].nunique()),
+            }
+        )
+    band = pd.DataFrame(rows, columns=BAND_COLUMNS)
+    return band.sort_values(["name", "arm", "step"]).reset_index(drop=True)
+
+
+def eval_band(evals: pd.DataFrame, counters: pd.DataFrame, x_metric: str | None) -> pd.DataFrame:
+    """The held-out score's seed band against an x-axis.
+
+    `evals` is db.queries.evaluation_curves (step 0 is the starting model); `counters` the
+    runs' progress counters (metric_curves). The x of an evaluation at step s is the counter
+    logged at (run, s); at step 0 it is 0 on every axis (no update, no token yet).
+    """
+    frame = evals.copy()
+    if x_metric is None:
+        frame["x"] = frame["step"].astype(float)
+    else:
+        xs = counters.loc[counters["name"] == x_metric, ["run_id", "step", "value"]]
+        frame = frame.merge(xs.rename(columns={"value": "x"}), on=["run_id", "step"], how="left")
+        frame.loc[frame["step"] == 0, "x"] = 0.0
+        frame = frame.dropna(subset=["x"])
+    return seed_band(frame)
+
+
+def value_domain(band: pd.DataFrame) -> list[float] | None:
+    """The y range of the seeds' own values (min..max, padded 5%): the chart keeps it and clips
+    a wider interval band at its edges, so two seeds' wide t-band cannot flatten the lines."""
+    low = pd.concat([band["min"], band["mean"]]).min()
+    high = pd.concat([band["max"], band["mean"]]).max()
+    if pd.isna(low) or pd.isna(high):
+        return None
+    pad = 0.05 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
+    return [float(low - pad), float(high + pad)]
 
 
 def curve_band(
@@ -87,40 +132,65 @@ def curve_band(
     return seed_band(smooth(chosen, weight))
 
 
+BANDS = {"95% interval over seeds": ("low", "high"), "min–max of the seeds": ("min", "max")}
+
+
 def band_chart(
-    band: pd.DataFrame, metric: str, arms: Sequence[str], x_title: str, height: int = 260
+    band: pd.DataFrame,
+    metric: str,
+    arms: Sequence[str],
+    x_title: str,
+    height: int = 260,
+    *,
+    title: str | None = None,
+    points: bool = False,
+    bounds: tuple[str, str] = ("low", "high"),
 ) -> alt.LayerChart:
-    """One metric: a line per arm (mean over seeds) over a shaded min/max band of the seeds."""
+    """One metric: a line per arm (mean over seeds) over its shaded band, the 95% interval over
+    seeds by default (`bounds`: a pair of seed_band's columns). The band's edges are drawn as
+    thin dashed lines in the arm's colour, so overlapping bands of several arms stay apart."""
     data = band[band["name"] == metric]
+    low, high = bounds
     scale = alt.Scale(domain=list(arms), scheme="category10")
-    # One legend for both layers; its symbols drawn as solid strokes (the band's opacity would
+    # One legend for every layer; its symbols drawn as solid strokes (the band's opacity would
     # otherwise fade them).
     legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3)
     colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm", legend=legend)
     x = alt.X("x:Q", title=x_title)
-    area = (
-        alt.Chart(data)
-        .mark_area(opacity=0.18)
-        .encode(
-            x=x,
-            y=alt.Y("low:Q", title=metric),
-            y2="high:Q",
-            # The same encoding as the line's: a layer with legend=None removes the merged legend
-            # of the whole chart, not only its own symbols.
-            color=colour,
-        )
+    domain = value_domain(data)
+    y_scale = alt.Scale(domain=domain, zero=False) if domain else alt.Scale(zero=False)
+    banded = alt.Chart(data.dropna(subset=[low, high]))
+    # Every layer has the same colour encoding: a layer with legend=None removes the merged
+    # legend of the whole chart, not only its own symbols.
+    area = banded.mark_area(opacity=0.14, clip=True).encode(
+        x=x, y=alt.Y(f"{low}:Q", title=metric, scale=y_scale), y2=f"{high}:Q", color=colour
     )
+    edges = [
+        banded.mark_line(strokeWidth=1, strokeDash=[4, 3], opacity=0.8, clip=True).encode(
+            x=x, y=alt.Y(f"{edge}:Q", title=metric, scale=y_scale), color=colour
+        )
+        for edge in (low, high)
+    ]
     line = (
         alt.Chart(data)
-        .mark_line(strokeWidth=2)
+        .mark_line(strokeWidth=2.5, point=points, clip=True)
         .encode(
             x=x,
-            y=alt.Y("mean:Q", title=metric),
+            y=alt.Y("mean:Q", title=metric, scale=y_scale),
             color=colour,
-            tooltip=["arm", "step", alt.Tooltip("x:Q", title=x_title), "mean", "low", "high"],
+            tooltip=[
+                "arm",
+                "step",
+                alt.Tooltip("x:Q", title=x_title),
+                alt.Tooltip("mean:Q", format=".3f"),
+                alt.Tooltip("low:Q", title="95% low", format=".3f"),
+                alt.Tooltip("high:Q", title="95% high", format=".3f"),
+                alt.Tooltip("n_seeds:Q", title="seeds"),
+            ],
         )
     )
-    return (area + line).properties(title=metric, height=height)
+    layered = alt.LayerChart(layer=[area, *edges, line])
+    return layered.properties(title=title or metric, height=height)
 
 
 def final_values(

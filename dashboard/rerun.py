@@ -2,7 +2,8 @@
 
 Plain functions with a timeout that never raise: every failure (no server configured, server
 down, deployment not served) comes back as a RerunResult with one line a user can act on.
-Prefect is imported lazily so that pages which never rerun anything stay fast to load.
+Prefect is imported lazily so that pages which never rerun anything stay fast to load; the
+parameters are the arm flow's own model (flows.params), so the form and the button agree.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+# The arm flow's parameter model: pydantic only (flows.params imports neither Prefect nor torch).
+from flows.params import ArmParams, validate
 
 FLOW_NAME = "ablation-arm"
 DEPLOYMENT_NAME = "dapo-arm"
@@ -76,8 +80,13 @@ def flow_run_url(flow_run_id: str | None, environ: Mapping[str, str] | None = No
 
 
 def rerun_parameters(sweep_id: int, arm: str, seed: int) -> dict[str, Any]:
-    """The arm deployment's parameters for a forced rerun of one (arm, seed) of a sweep."""
-    return {"sweep_id": int(sweep_id), "arm": str(arm), "seed": int(seed), "force": True}
+    """The arm deployment's parameters for a forced rerun of one (arm, seed) of a sweep: the
+    flows' own ArmParams (one definition of the form), only the fields set here, so that the
+    served deployment's defaults (its store, its Ray) fill the rest. ValueError in one line."""
+    params: ArmParams = validate(
+        ArmParams, {"sweep_id": sweep_id, "arm": arm, "seed": seed, "force": True}
+    )
+    return params.model_dump(mode="json", exclude_unset=True)
 
 
 def _default_factory(api_url: str) -> Any:
@@ -150,7 +159,10 @@ def request_rerun(
     api_url = prefect_api_url(environ)
     if not api_url:
         return RerunResult(ok=False, message=NO_SERVER)
-    parameters = rerun_parameters(sweep_id, arm, seed)
+    try:
+        parameters = rerun_parameters(sweep_id, arm, seed)
+    except ValueError as error:
+        return RerunResult(ok=False, message=f"Cannot rerun: {error}")
 
     async def work(client: Any) -> Any:
         deployment = await client.read_deployment_by_name(DEPLOYMENT)

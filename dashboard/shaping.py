@@ -1,7 +1,8 @@
 """Data shaping for the ablation table: plain pandas in, display frames and a Styler out.
 
-The store keeps scores as fractions in [0, 1]; the paper prints percent, so everything a
-researcher reads here is in percent and every Δ is in percentage points (pp).
+The cells come from db.table_format.ablation_records, the one function behind `dapo table`, the
+Prefect artifact and this dashboard: the dashboard only adds colour (a Δ whose 95% interval
+excludes 0 is green or red) and status glyphs. Scores are percent, Δs percentage points (pp).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from typing import Any
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-# Colours of a Δ cell: green when the arm helped, red when it hurt (pandas Styler CSS).
+from db import stats, table_format
+
+# Colours of a Δ cell whose interval excludes 0: green when the arm helped, red when it hurt
+# (pandas Styler CSS). A Δ whose interval holds 0, or that has none (n=1), stays plain.
 UP_CSS = "color: #137333; background-color: #e6f4ea; font-weight: 600"
 DOWN_CSS = "color: #a50e0e; background-color: #fce8e6; font-weight: 600"
 
@@ -24,18 +28,10 @@ STATUS_BADGES = {
     "failed": "✖ failed",
 }
 
-# Column names of the displayed table; units (percent, percentage points) go in the caption.
-MEAN_STD = "mean ± std"
-DELTA_PREV = "Δ prev"
-DELTA_BASE = "Δ base"
-PAPER = "paper"
-PAPER_DELTA = "paper Δ"
-DELTA_COLUMNS = (DELTA_PREV, DELTA_BASE, PAPER_DELTA)
-COUNT_COLUMNS = ("steps", "updates", "tokens")
-
-
-def seed_column(seed: int) -> str:
-    return f"seed {seed}"
+# Displayed column -> the ablation_table column holding its stats.Estimate (for the colour).
+ESTIMATE_COLUMNS = {"gain": "gain", "Δ parent": "delta_parent", "Δ base": "delta_base"}
+# Columns read left-aligned (text); every other column is a number, right-aligned.
+TEXT_COLUMNS = ("arm", "adds", "parent", "status")
 
 
 def to_pct(fraction: Any) -> float:
@@ -44,29 +40,6 @@ def to_pct(fraction: Any) -> float:
         return math.nan
     value = float(fraction)
     return value * 100.0
-
-
-def mean_std_text(mean_pct: float, std_pct: float, n_seeds: int) -> str:
-    """'43.8 ± 2.1' over seeds; one seed has no spread, so only the mean is shown."""
-    if mean_pct is None or math.isnan(mean_pct):
-        return "—"
-    if n_seeds < 2 or std_pct is None or math.isnan(std_pct):
-        return f"{mean_pct:.1f}"
-    return f"{mean_pct:.1f} ± {std_pct:.1f}"
-
-
-def format_duration(seconds: Any) -> str:
-    """Wall time as '1h 02m', '3m 05s' or '42s'."""
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "—"
-    total = round(float(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
 
 
 def format_time(value: Any) -> str:
@@ -83,14 +56,6 @@ def status_badge(status: Any) -> str:
     return STATUS_BADGES.get(text, text)
 
 
-def seed_columns(table: pd.DataFrame) -> list[int]:
-    """Every seed that has a score in some arm, sorted (arms may lack a failed seed)."""
-    seeds: set[int] = set()
-    for row_seeds in table.get("seeds", pd.Series(dtype=object)):
-        seeds.update(int(s) for s in (row_seeds or []))
-    return sorted(seeds)
-
-
 def _per_seed(row: pd.Series) -> dict[int, float]:
     seeds = row.get("seeds") or []
     scores = row.get("scores") or []
@@ -98,113 +63,35 @@ def _per_seed(row: pd.Series) -> dict[int, float]:
 
 
 def ablation_display(table: pd.DataFrame) -> pd.DataFrame:
-    """The ablation table as a researcher reads it: one row per arm in ladder order.
-
-    `table` is db.queries.ablation_table. Scores become percent, Δs percentage points, and the
-    paper's Table 1 number (with its own Δ to the previous arm) sits beside ours. Columns run
-    from the answer (mean ± std, Δs) to the bookkeeping (steps, tokens, time). Numeric columns
-    stay numbers (NaN where missing); ablation_text formats them.
-    """
-    seeds = seed_columns(table)
-    rows: list[dict[str, Any]] = []
-    previous_paper = math.nan
-    for _, row in table.iterrows():
-        per_seed = _per_seed(row)
-        paper = row.get("paper_score")
-        paper = math.nan if paper is None else float(paper)
-        n_seeds = int(row.get("n_seeds") or len(per_seed))
-        out: dict[str, Any] = {
-            "arm": row["arm"],
-            "adds": row.get("adds") or "",
-            MEAN_STD: mean_std_text(
-                to_pct(row.get("score_mean")), to_pct(row.get("score_std")), n_seeds
-            ),
-            DELTA_PREV: to_pct(row.get("delta_prev")),
-            DELTA_BASE: to_pct(row.get("delta_base")),
-            PAPER: paper,
-            PAPER_DELTA: paper - previous_paper,
-        }
-        previous_paper = paper
-        for seed in seeds:
-            out[seed_column(seed)] = per_seed.get(seed, math.nan)
-        out["status"] = status_badge(row.get("status"))
-        out["steps"] = row.get("steps")
-        out["updates"] = row.get("grad_updates")
-        out["tokens"] = row.get("tokens")
-        out["time"] = format_duration(row.get("wall_s"))
-        rows.append(out)
-    frame = pd.DataFrame(rows)
-    for column in COUNT_COLUMNS:
-        if column in frame:
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    """The ablation table as a researcher reads it: table_format.ablation_records' cells (the
+    same columns as `dapo table` and the Prefect artifact), statuses with a glyph."""
+    frame = pd.DataFrame(table_format.ablation_records(table))
+    if "status" in frame:
+        frame["status"] = frame["status"].map(status_badge)
     return frame
 
 
-def delta_css(value: Any) -> str:
-    """Styler CSS for one Δ cell: green up, red down, nothing for zero or missing."""
-    if value is None or not isinstance(value, int | float) or math.isnan(value) or value == 0:
+def number_columns(display: pd.DataFrame) -> list[str]:
+    """The displayed columns that hold numbers (right-aligned on screen)."""
+    return [c for c in display.columns if c not in TEXT_COLUMNS]
+
+
+def estimate_css(estimate: Any) -> str:
+    """Styler CSS for one difference: green when its interval is above 0, red when below,
+    nothing when it holds 0 or there is no interval."""
+    if not isinstance(estimate, stats.Estimate) or not estimate.excludes_zero:
         return ""
-    return UP_CSS if value > 0 else DOWN_CSS
+    return UP_CSS if estimate.low > 0 else DOWN_CSS
 
 
-def _fmt(value: Any, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return format(float(value), spec)
-
-
-def numeric_columns(display: pd.DataFrame) -> dict[str, str]:
-    """Format spec of each numeric column of ablation_display's frame."""
-    specs: dict[str, str] = {}
-    for column in display.columns:
-        if column in DELTA_COLUMNS:
-            specs[column] = "+.1f"
-        elif column == PAPER or column.startswith("seed "):
-            specs[column] = ".1f"
-        elif column in COUNT_COLUMNS:
-            specs[column] = ",.0f"
-    return specs
-
-
-def ablation_text(display: pd.DataFrame) -> pd.DataFrame:
-    """ablation_display with its numbers as text: '+6.0', '43.0', '12,345', '—' when missing.
-
-    Text rather than Styler number formats because a dashboard grid shows a missing number as
-    'None', which reads like a value; '—' reads as "no score yet".
-    """
-    text = display.copy()
-    for column, spec in numeric_columns(display).items():
-        text[column] = [_fmt(v, spec) for v in display[column]]
-    return text
-
-
-def style_ablation(display: pd.DataFrame) -> Styler:
-    """The text table, with Δ cells coloured from their numbers (green up, red down)."""
+def style_ablation(table: pd.DataFrame) -> Styler:
+    """ablation_display with its difference cells coloured from their intervals."""
+    display = ablation_display(table)
     css = pd.DataFrame("", index=display.index, columns=display.columns)
-    for column in DELTA_COLUMNS:
+    for column, source in ESTIMATE_COLUMNS.items():
         if column in display.columns:
-            css[column] = [delta_css(v) for v in display[column]]
-    return ablation_text(display).style.hide(axis="index").apply(lambda _: css, axis=None)
-
-
-def ablation_csv(table: pd.DataFrame) -> bytes:
-    """The ablation table for a spreadsheet: one column per seed, scores and Δs in percent."""
-    seeds = seed_columns(table)
-    rows: list[dict[str, Any]] = []
-    for _, row in table.iterrows():
-        per_seed = _per_seed(row)
-        out: dict[str, Any] = {"arm": row["arm"], "adds": row.get("adds")}
-        out["paper_score_pct"] = row.get("paper_score")
-        for seed in seeds:
-            out[f"score_seed{seed}_pct"] = per_seed.get(seed, math.nan)
-        for name in ("score_mean", "score_std", "best_mean", "delta_prev", "delta_base"):
-            out[f"{name}_pct"] = to_pct(row.get(name))
-        for name in ("n_seeds", "steps", "grad_updates", "tokens", "wall_s", "status"):
-            out[name] = row.get(name)
-        out["eval_dataset"] = row.get("eval_dataset")
-        out["eval_k"] = row.get("eval_k")
-        rows.append(out)
-    return pd.DataFrame(rows).to_csv(index=False).encode("utf-8")
+            css[column] = [estimate_css(e) for e in table[source]]
+    return display.style.hide(axis="index").apply(lambda _: css, axis=None)
 
 
 def score_points(table: pd.DataFrame) -> pd.DataFrame:
@@ -218,19 +105,20 @@ def score_points(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def score_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per-arm mean and mean ± std bounds in percent (bars and error bars of the chart)."""
-    frame = pd.DataFrame(
+    """Per arm in percent: mean final score, its 95% interval over seeds (low, high: NaN for
+    n=1, so no bar is drawn), the starting model's score, n and the interval as text."""
+    estimates: list[stats.Estimate] = list(table["score"])
+    return pd.DataFrame(
         {
             "arm": table["arm"],
-            "mean (%)": [to_pct(v) for v in table["score_mean"]],
-            "std (%)": [to_pct(v) for v in table["score_std"]],
-            "paper (%)": pd.to_numeric(table["paper_score"], errors="coerce"),
+            "mean (%)": [to_pct(e.mean) for e in estimates],
+            "low": [to_pct(e.low) for e in estimates],
+            "high": [to_pct(e.high) for e in estimates],
+            "start (%)": [to_pct(v) for v in table["start_mean"]],
+            "n": [e.n for e in estimates],
+            "final": [table_format.estimate_text(e) for e in estimates],
         }
     )
-    spread = frame["std (%)"].fillna(0.0)
-    frame["low"] = frame["mean (%)"] - spread
-    frame["high"] = frame["mean (%)"] + spread
-    return frame
 
 
 def ladder_order(table: pd.DataFrame) -> list[str]:

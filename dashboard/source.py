@@ -11,6 +11,9 @@ import sqlalchemy as sa
 
 from db import engine as db_engine
 
+# One masking rule for every layer: the store's own (it also masks URLs it cannot parse).
+from db.engine import safe_url as safe_url
+
 
 def store_url(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> str:
     """`streamlit run app.py -- --url URL` beats $DAPO_DB_URL, which beats db's default file."""
@@ -26,11 +29,3 @@ def store_url(argv: Sequence[str] | None = None, environ: Mapping[str, str] | No
 def open_engine(url: str) -> sa.Engine:
     """The store's engine (db.engine caches one per URL and migrates a fresh database)."""
     return db_engine.get_engine(url)
-
-
-def safe_url(url: str) -> str:
-    """The URL with any password masked, fit to print on a page."""
-    try:
-        return sa.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL sqlalchemy can parse: db.engine will say why on open
-        return url

@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import rerun, source
 from dashboard.shaping import status_badge
 from db import queries
+from db.errors import first_line
 
 REFRESH_S = 5.0  # live refresh period of the sweep list and the ablation table
 
@@ -34,12 +35,6 @@ def store() -> sa.Engine:
         st.stop()
     st.sidebar.caption(f"Store: `{source.safe_url(url)}`")
     return engine
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an exception's message (SQL errors carry the statement after it)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def query_int(name: str) -> int | None:
@@ -97,7 +92,11 @@ def pick_sweep(
     if wanted is None and preferred in labels:
         wanted = preferred
     index = ids.index(wanted) if wanted is not None else 0
-    chosen = st.selectbox("Sweep", ids, index=index, format_func=labels.get, key=key)
+    chosen: int | None = st.selectbox(
+        "Sweep", ids, index=index, format_func=lambda i: labels[i], key=key
+    )
+    if chosen is None:  # only when the list is empty, which returned above
+        return None
     if param:
         st.query_params[param] = str(chosen)
     return int(chosen)
@@ -140,7 +139,11 @@ def pick_run(
     ids = [int(r) for r in runs["run_id"]]
     labels = {int(r["run_id"]): run_label(r) for _, r in runs.iterrows()}
     index = ids.index(wanted) if wanted in labels else min(index_hint, len(ids) - 1)
-    chosen = st.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    chosen: int | None = st.selectbox(
+        label, ids, index=index, format_func=lambda i: labels[i], key=key
+    )
+    if chosen is None:  # only when the list is empty, which returned above
+        return None
     st.query_params[param] = str(chosen)
     return int(chosen)
 

@@ -1,12 +1,20 @@
 """A small, fully known experiment store for the dashboard tests, written through db.store.
 
 Sweep "ladder" (the older one): the six arms of the ladder × seeds 0 and 1, five rollout steps
-each, with the final avg@k of every run fixed in FINAL_SCORES so that tests can recompute the
-ablation table by hand. Two runs are not clean:
+each, with the final avg@k of every run fixed in FINAL_SCORES and the starting model's in
+START_SCORES, so that tests can recompute the ablation table by hand. Two runs are not clean:
 - soft_punish seed 1 failed at step 2 (no evaluation, status failed);
 - dapo seed 1 is still running (metrics and samples, but no evaluation yet).
 Sweep "tiny-check" (the newer one): two arms × seed 0, completed; it is what the pickers show
-by default, so the ladder is reached through the `sweep` query parameter.
+by default, so the ladder is reached through the `sweep` query parameter. Its runs are "older":
+they do not log loss/long_share (a metric added later), which must read "—", not fail.
+
+Mechanism metrics (step_metrics) are shaped so that each arm's change shows in its own metric,
+by amounts the tests recompute by hand over windows of rollout steps.
+
+`build_grid_sweep` writes a third kind of sweep, on its own: a grid (`dapo sweep --arms dapo
+--grid algo.clip_high=0.24,0.28,0.32 --grid algo.clip_low=0.2,0.25`), whose five points each
+name the base arm `dapo` as their parent (siblings, not a chain), × three seeds.
 """
 
 from __future__ import annotations
@@ -44,23 +52,28 @@ RUNNING = ("dapo", 1)
 FINAL_SCORES: dict[tuple[str, int], float] = {
     ("grpo", 0): 0.30,
     ("grpo", 1): 0.34,
-    ("overlong_filter", 0): 0.35,
+    ("overlong_filter", 0): 0.36,
     ("overlong_filter", 1): 0.39,
     ("clip_higher", 0): 0.40,
     ("clip_higher", 1): 0.46,
     ("soft_punish", 0): 0.44,
     ("token_loss", 0): 0.43,
-    ("token_loss", 1): 0.41,
+    ("token_loss", 1): 0.46,
     ("dapo", 0): 0.50,
 }
+# The starting model's score (the step-0 evaluation): one model per seed, whatever the arm.
+START_SCORES: dict[int, float] = {0: 0.20, 1: 0.22}
+# Eval problems of every evaluation: with k = 4, avg@k moves in steps of 1 / 200, so every
+# score above is a whole number of correct samples.
+EVAL_PROBLEMS = 50
 
 # What each arm switches on, cumulatively (so each config differs from the previous arm's by
-# exactly these keys).
+# exactly these keys); the config is laid out as dapo_core's (sections algo, rollout, run).
 CHANGES: dict[str, dict[str, Any]] = {
     "grpo": {},
     "overlong_filter": {"overlong_filter": True},
     "clip_higher": {"clip_high": 0.28},
-    "soft_punish": {"soft_punish": {"enabled": True, "max_len": 64, "cache_len": 16}},
+    "soft_punish": {"overlong_penalty": True},
     "token_loss": {"loss_agg": "token-mean"},
     "dapo": {"dynamic_sampling": True},
 }
@@ -70,9 +83,10 @@ BASE_ALGORITHM: dict[str, Any] = {
     "clip_high": 0.2,
     "loss_agg": "seq-mean-token-mean",
     "overlong_filter": False,
-    "soft_punish": {"enabled": False, "max_len": 64, "cache_len": 16},
+    "overlong_penalty": False,
+    "overlong_cache_len": 16,
     "dynamic_sampling": False,
-    "group_size": 4,
+    "kl_coef": 0.0,
 }
 
 
@@ -86,16 +100,19 @@ class FixtureStore:
     run_ids: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
-def arm_config(arm: str, seed: int) -> dict[str, Any]:
+def arm_config(arm: str, seed: int, **algo: Any) -> dict[str, Any]:
+    """The run config of a paper arm (a grid arm: `algo` overrides on top of one)."""
     algorithm = json.loads(json.dumps(BASE_ALGORITHM))
     for name in ARMS[: ARMS.index(arm) + 1]:
         algorithm.update(json.loads(json.dumps(CHANGES[name])))
+    algorithm.update(algo)
     return {
         "arm": arm,
-        "seed": seed,
-        "model": {"name": "tiny", "hidden": 64},
-        "algorithm": algorithm,
-        "run": {"steps": STEPS},
+        "preset": "tiny",
+        "model": {"name_or_path": "tiny", "hidden_size": 64},
+        "rollout": {"group_size": 4, "max_response_len": 64},
+        "algo": algorithm,
+        "run": {"steps": STEPS, "seed": seed},
     }
 
 
@@ -103,24 +120,44 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def step_metrics(arm_index: int, seed: int, step: int) -> dict[str, float]:
-    """Deterministic curves: accuracy climbs with the step and the arm; tokens grow per step."""
+def step_metrics(
+    arm_index: int, seed: int, step: int, *, long_share: bool = True
+) -> dict[str, float]:
+    """Deterministic curves: accuracy climbs with the step and the arm; tokens grow per step.
+
+    Each technique moves its own metric (F, C, P, T, D: 1 from the arm that adds overlong
+    filtering, Clip-Higher, soft punishment, the token-level loss, dynamic sampling on):
+      truncated fraction  0.20 − 0.02·step − 0.05·F − 0.04·P + 0.01·seed
+      clip_ratio/high     0.002 + 0.001·seed + 0.012·C + 0.001·seed·C
+      entropy             1.5 − 0.1·step + 0.2·C + 0.02·seed·C
+      overlong penalty    −(0.1 + 0.01·step)·P
+      loss/long_share     0.5 + 0.15·T + 0.01·seed·T   (only when `long_share`)
+      gen_batches         1 + (0.5 + 0.1·step)·D
+    """
     acc = 0.1 + 0.05 * arm_index + 0.1 * step + 0.01 * seed
-    return {
+    f, c, p, t, d = (float(arm_index >= i) for i in range(1, 6))
+    metrics = {
         mn.ACC_MEAN: acc,
         mn.REWARD_MEAN: 2 * acc - 1,
-        mn.ENTROPY_MEAN: 1.5 - 0.1 * step,
+        mn.ENTROPY_MEAN: 1.5 - 0.1 * step + 0.2 * c + 0.02 * seed * c,
         mn.RESPONSE_LENGTH_MEAN: 30.0 + step,
-        mn.RESPONSE_CLIP_RATIO: 0.2 - 0.02 * step,
-        mn.CLIP_RATIO_HIGH: 0.01 * arm_index,
+        mn.RESPONSE_CLIP_RATIO: 0.2 - 0.02 * step - 0.05 * f - 0.04 * p + 0.01 * seed,
+        mn.CLIP_RATIO_HIGH: 0.002 + 0.001 * seed + 0.012 * c + 0.001 * seed * c,
         mn.CLIP_RATIO_LOW: 0.02,
+        mn.OVERLONG_PENALTY_MEAN: -(0.1 + 0.01 * step) * p,
         mn.KEPT_GROUPS: 0.5 + 0.05 * seed,
+        # dynamic sampling trains on informative groups only; without it, on what it generated
+        mn.TRAIN_INFORMATIVE: 1.0 if d else 0.5 + 0.05 * seed,
+        mn.GEN_BATCHES: 1.0 + (0.5 + 0.1 * step) * d,
         mn.APPROX_KL: 0.001 * step,
         mn.GRAD_NORM: 1.0 + 0.1 * seed,
         mn.ROLLOUT_STEP: float(step + 1),
         mn.GRAD_UPDATES: float(4 * (step + 1)),
         mn.TOKENS_TOTAL: float(1000 * (step + 1) + 100 * seed),
     }
+    if long_share:
+        metrics[mn.LOSS_LONG_SHARE] = 0.5 + 0.15 * t + 0.01 * seed * t
+    return metrics
 
 
 def step_samples(step: int) -> list[dict[str, Any]]:
@@ -141,8 +178,36 @@ def step_samples(step: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def correct_counts(score: float, problems: int = EVAL_PROBLEMS, k: int = EVAL_K) -> list[int]:
+    """Correct samples (of k) per problem adding up to `score`: as even as can be, the extra
+    ones on the first problems (so two scores of one seed differ on the first problems)."""
+    total = round(score * problems * k)
+    base, rest = divmod(total, problems)
+    return [base + 1 if i < rest else base for i in range(problems)]
+
+
+def evaluation(score: float) -> dict[str, Any]:
+    """One evaluation result as the runner logs it, per-problem counts included."""
+    return {
+        "dataset": EVAL_DATASET,
+        "k": EVAL_K,
+        "avg_at_k": score,
+        "pass_at_k": min(1.0, score + 0.2),
+        "cons_at_k": score,
+        "n_problems": EVAL_PROBLEMS,
+        "correct_per_problem": correct_counts(score),
+    }
+
+
 def _write_run(
-    store: Store, sweep_id: int, arm: str, seed: int, *, failed: bool, running: bool
+    store: Store,
+    sweep_id: int,
+    arm: str,
+    seed: int,
+    *,
+    failed: bool,
+    running: bool,
+    long_share: bool = True,
 ) -> int:
     config = arm_config(arm, seed)
     run_id = store.start_run(
@@ -156,19 +221,16 @@ def _write_run(
         checkpoint_dir=f"/ckpt/sweep{sweep_id}/{arm}/seed{seed}",
     )
     sink = store.sink(run_id)
+    sink.log_evaluation(0, evaluation(START_SCORES[seed]))  # every run scores its start
     last_step = 2 if failed else STEPS - 1
     for step in range(last_step + 1):
-        sink.log_metrics(step, step_metrics(ARMS.index(arm), seed, step))
+        sink.log_metrics(step, step_metrics(ARMS.index(arm), seed, step, long_share=long_share))
         if step in (0, last_step):
             sink.log_samples(step, step_samples(step))
     if not failed and not running:
         final = FINAL_SCORES[(arm, seed)]
         for step, score in ((2, final - 0.1), (last_step, final)):
-            sink.log_evaluation(
-                step,
-                {"dataset": EVAL_DATASET, "k": EVAL_K, "avg_at_k": score,
-                 "pass_at_k": min(1.0, score + 0.2), "cons_at_k": score, "n_problems": 30},
-            )  # fmt: skip
+            sink.log_evaluation(step, evaluation(score))
     sink.close()
     steps_done = last_step + 1
     fields: dict[str, Any] = {
@@ -218,7 +280,7 @@ def build_store(url: str) -> FixtureStore:
         ladder=LADDER[:2],
     )
     for arm in ARMS[:2]:
-        _write_run(store, other, arm, 0, failed=False, running=False)
+        _write_run(store, other, arm, 0, failed=False, running=False, long_share=False)
     store.set_sweep_status(other, "completed")
     fixture.other_sweep_id = other
     return fixture
@@ -228,3 +290,92 @@ def expected_mean(arm: str) -> float:
     """Mean final score (fraction) over the arm's completed seeds, by hand from FINAL_SCORES."""
     scores = [FINAL_SCORES[(arm, s)] for s in SEEDS if (arm, s) in FINAL_SCORES]
     return sum(scores) / len(scores)
+
+
+# --- a grid sweep: siblings of one base arm ------------------------------------------------------
+GRID_BASE = "dapo"
+GRID_KEYS = ("algo.clip_high", "algo.clip_low")
+GRID_SEEDS = [0, 1, 2]
+GRID_START: dict[int, float] = {0: 0.20, 1: 0.22, 2: 0.24}
+# arm -> (clip_high, clip_low, mean final score, spread): seed s scores mean + spread·(s − 1),
+# so each arm's seeds are (mean − spread, mean, mean + spread); the base's spread is 0.01.
+GRID_POINTS: dict[str, tuple[float, float, float, float]] = {
+    "dapo": (0.28, 0.2, 0.46, 0.01),
+    "dapo-clip_high=0.24-clip_low=0.16": (0.24, 0.16, 0.36, 0.01),
+    "dapo-clip_high=0.24-clip_low=0.2": (0.24, 0.2, 0.40, 0.01),
+    "dapo-clip_high=0.28-clip_low=0.16": (0.28, 0.16, 0.42, 0.01),
+    "dapo-clip_high=0.32-clip_low=0.16": (0.32, 0.16, 0.40, 0.01),
+    "dapo-clip_high=0.32-clip_low=0.2": (0.32, 0.2, 0.44, 0.02),
+}
+# The rungs `dapo sweep --arms dapo --grid algo.clip_high=0.24,0.28,0.32 --grid
+# algo.clip_low=0.16,0.2` stores (tests/test_db_queries.py checks them against expand_grid).
+GRID_LADDER: list[dict[str, Any]] = [
+    {
+        "arm": arm,
+        "adds": (
+            "dynamic sampling: keep groups with 0 < #correct < G"
+            if arm == GRID_BASE
+            else f"clip_high={high:g}, clip_low={low:g}"
+        ),
+        "parent": None if arm == GRID_BASE else GRID_BASE,
+        "paper_score": 50.0 if arm == GRID_BASE else None,
+        "grid": {"algo.clip_high": high, "algo.clip_low": low},
+    }
+    for arm, (high, low, _, _) in GRID_POINTS.items()
+]
+
+
+def grid_score(arm: str, seed: int) -> float:
+    _, _, mean, spread = GRID_POINTS[arm]
+    return round(mean + spread * (seed - 1), 6)
+
+
+def grid_clip_fraction(clip_high: float, seed: int) -> float:
+    """clip_ratio/high of a grid run, flat over steps: (0.36 − ε_high) / 4 + 0.001·seed, so a
+    wider upper bound clips fewer tokens (0.24 -> 0.03, 0.28 -> 0.02, 0.32 -> 0.01)."""
+    return (0.36 - clip_high) / 4 + 0.001 * seed
+
+
+@dataclass
+class GridFixture:
+    url: str
+    sweep_id: int
+    run_ids: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def build_grid_sweep(url: str) -> GridFixture:
+    """Write the grid sweep (all runs completed) into the store at `url`."""
+    store = Store(url)
+    sweep_id = store.create_sweep(
+        name="grid",
+        preset="tiny",
+        arms=list(GRID_POINTS),
+        seeds=GRID_SEEDS,
+        base_config=arm_config(GRID_BASE, 0),
+        ladder=GRID_LADDER,
+    )
+    fixture = GridFixture(url=url, sweep_id=sweep_id)
+    for arm, (high, low, _, _) in GRID_POINTS.items():
+        for seed in GRID_SEEDS:
+            config = arm_config(GRID_BASE, seed, clip_high=high, clip_low=low) | {"arm": arm}
+            run_id = store.start_run(
+                sweep_id=sweep_id,
+                arm=arm,
+                seed=seed,
+                config=config,
+                config_hash=config_hash(config),
+                host="test-host",
+            )
+            with store.sink(run_id) as sink:
+                sink.log_evaluation(0, evaluation(GRID_START[seed]))
+                for step in range(STEPS):
+                    metrics = step_metrics(ARMS.index(GRID_BASE), seed, step)
+                    metrics[mn.CLIP_RATIO_HIGH] = grid_clip_fraction(high, seed)
+                    sink.log_metrics(step, metrics)
+                sink.log_evaluation(STEPS - 1, evaluation(grid_score(arm, seed)))
+            store.update_run(
+                run_id, status="completed", steps=STEPS, grad_updates=4 * STEPS, wall_s=60.0
+            )
+            fixture.run_ids[(arm, seed)] = run_id
+    store.set_sweep_status(sweep_id, "completed")
+    return fixture

@@ -69,25 +69,45 @@ def test_ablation_table_shows_hand_computed_scores_and_deltas(
     assert at.selectbox(key="sweep").value == fixture_store.sweep_id
     table = at.dataframe[0].value
     assert list(table["arm"]) == fx.ARMS
-    # mean ± std over seeds, in percent (sample std of two seeds a, b is |a - b| / √2):
-    # grpo (30, 34) -> 32.0 ± 2.8; overlong_filter (35, 39) -> 37.0 ± 2.8;
-    # clip_higher (40, 46) -> 43.0 ± 4.2; soft_punish (44; seed 1 failed) -> 44.0;
-    # token_loss (43, 41) -> 42.0 ± 1.4; dapo (50; seed 1 still running) -> 50.0
-    assert list(table["mean ± std"]) == [
-        "32.0 ± 2.8",
-        "37.0 ± 2.8",
-        "43.0 ± 4.2",
-        "44.0",
-        "42.0 ± 1.4",
-        "50.0",
+    # final score: mean over seeds [95% t-interval], t(0.975, 1) = 12.7062 for two seeds:
+    # grpo (30, 34) -> 32.0 ± 12.7062 · 2 = [6.6, 57.4]; overlong_filter (36, 39) -> 37.5 ±
+    # 19.06; clip_higher (40, 46) -> 43.0 ± 38.12; soft_punish (44; seed 1 failed) and dapo
+    # (50; seed 1 still running) have one seed: no interval; token_loss (43, 46) -> 44.5 ± 19.06
+    assert list(table["final"]) == [
+        "32.0 [6.6, 57.4]",
+        "37.5 [18.4, 56.6]",
+        "43.0 [4.9, 81.1]",
+        "44.0 (n=1, no interval)",
+        "44.5 [25.4, 63.6]",
+        "50.0 (n=1, no interval)",
     ]
-    # Δ to the previous arm: 37-32 = 5, 43-37 = 6, 44-43 = 1, 42-44 = -2, 50-42 = 8
-    assert list(table["Δ prev"]) == ["—", "+5.0", "+6.0", "+1.0", "-2.0", "+8.0"]
-    # Δ to the baseline grpo (32): 0, 5, 11, 12, 10, 18
-    assert list(table["Δ base"]) == ["+0.0", "+5.0", "+11.0", "+12.0", "+10.0", "+18.0"]
-    assert list(table["seed 0"]) == ["30.0", "35.0", "40.0", "44.0", "43.0", "50.0"]
+    # starting model 20 (seed 0), 22 (seed 1); gain paired by seed, e.g. overlong_filter
+    # (16, 17) -> 16.5 ± 12.7062 · 0.5 = [10.1, 22.9], above 0: marked
+    assert list(table["start"]) == ["21.0", "21.0", "21.0", "20.0", "21.0", "20.0"]
+    assert table["gain"].iloc[1] == "+16.5 [+10.1, +22.9] *"
+    # Δ to the parent (the arm before), paired by seed: overlong_filter − grpo = (6, 5) ->
+    # 5.5 ± 6.35; clip_higher − overlong_filter = (4, 7) -> 5.5 ± 19.06; the rest share one seed
+    assert list(table["Δ parent"]) == [
+        "—",
+        "+5.5 [-0.9, +11.9]",
+        "+5.5 [-13.6, +24.6]",
+        "+4.0 (n=1, no interval)",
+        "-1.0 (n=1, no interval)",
+        "+7.0 (n=1, no interval)",
+    ]
+    # Δ to the baseline grpo: token_loss − grpo = (13, 12) -> 12.5 ± 6.35, above 0 although
+    # the two arms' own intervals overlap
+    assert list(table["Δ base"]) == [
+        "—",
+        "+5.5 [-0.9, +11.9]",
+        "+11.0 [-1.7, +23.7]",
+        "+14.0 (n=1, no interval)",
+        "+12.5 [+6.1, +18.9] *",
+        "+20.0 (n=1, no interval)",
+    ]
+    assert list(table["seed 0"]) == ["30.0", "36.0", "40.0", "44.0", "43.0", "50.0"]
     # soft_punish seed 1 failed and dapo seed 1 is running: no score yet
-    assert list(table["seed 1"]) == ["34.0", "39.0", "46.0", "—", "41.0", "—"]
+    assert list(table["seed 1"]) == ["34.0", "39.0", "46.0", "—", "46.0", "—"]
     assert list(table["paper"]) == ["30.0", "36.0", "38.0", "41.0", "42.0", "50.0"]
     assert table["steps"].iloc[0] == str(fx.STEPS)
     status = dict(zip(table["arm"], table["status"], strict=True))
@@ -95,7 +115,9 @@ def test_ablation_table_shows_hand_computed_scores_and_deltas(
     assert status["soft_punish"] == "✖ failed"
     assert status["dapo"] == "● running"
     shown = texts(at)
-    assert "Best arm dapo" in shown
+    # dapo has the highest mean but one seed: no arm is named best
+    assert "No arm leads significantly: dapo − token_loss = +7.0 pp (n=1, no interval)." in shown
+    assert "**dapo vs grpo** (paired by seed, pp): +20.0 (n=1, no interval)" in shown
     assert "10/12 runs done" in shown  # 12 runs, one failed and one still running
     # the numbers on screen are the store's numbers
     store_table = queries.ablation_table(get_engine(fixture_store.url), fixture_store.sweep_id)
@@ -133,7 +155,7 @@ def test_every_view_of_an_empty_store_is_friendly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DAPO_DB_URL", f"sqlite:///{tmp_path / 'empty.db'}")
-    for page in (None, "sweeps", "curves", "rollouts", "run", "compare"):
+    for page in (None, "sweeps", "curves", "mechanisms", "grid", "rollouts", "run", "compare"):
         at = open_page(page)
         assert widgets.NO_SWEEPS in [i.value for i in at.info], page
         assert not at.error, page
@@ -156,7 +178,8 @@ def test_sweeps_list(fixture_store: fx.FixtureStore) -> None:
     ladder = frame[frame["sweep_id"] == fixture_store.sweep_id].iloc[0]
     assert ladder["runs"] == "10 / 12"
     assert ladder["progress"] == pytest.approx(10 / 12)
-    assert ladder["best_arm"] == "dapo"
+    assert ladder["best_arm"] == "—"  # dapo leads on one seed only: not significantly
+    assert ladder["headline"].startswith("No arm leads significantly: dapo − token_loss")
     assert ladder["status"] == "● running"
     assert ladder["open"] == f"./?sweep={fixture_store.sweep_id}"
 
@@ -166,20 +189,26 @@ def test_sweeps_list(fixture_store: fx.FixtureStore) -> None:
 
 def test_curves_overlay_arms_for_each_metric(fixture_store: fx.FixtureStore) -> None:
     at = open_page("curves", sweep=fixture_store.sweep_id)
+    assert at.selectbox(key="curve-x").value == "gradient updates"  # the paper's x-axis
     metrics = at.multiselect(key="curve-metrics")
     # the first four headline metrics that were logged
     assert metrics.value == ["acc/mean", "reward/mean", "entropy/mean", "response_length/mean"]
     assert "progress/tokens" in metrics.options
     charts = at.get("vega_lite_chart")
-    assert len(charts) == 4
+    assert len(charts) == 5  # the held-out score, then the four metrics
+    held_out = charts[0].proto.spec
+    assert "aime2024 avg@4" in held_out and "eval/avg_at_k" in held_out
+    assert "gradient updates" in held_out
     at.selectbox(key="curve-x").set_value("tokens")
     at.slider(key="curve-smoothing").set_value(0.5)
     at.multiselect(key="curve-metrics").set_value(["acc/mean"]).run()
     assert not at.exception
-    (chart,) = at.get("vega_lite_chart")
+    _, chart = at.get("vega_lite_chart")
     spec = chart.proto.spec
     assert "acc/mean" in spec and "tokens" in spec
-    assert "2 seed(s) per arm" in texts(at)
+    shown = texts(at)
+    assert "2 seed(s) per arm" in shown and "95% t-interval over seeds" in shown
+    assert "step 0 = the starting model" in shown
 
 
 # --- rollouts --------------------------------------------------------------------------------
@@ -214,7 +243,7 @@ def test_run_page_config_diff_against_previous_arm(
     previous = fixture_store.run_ids[("overlong_filter", 0)]
     assert diff.to_dict("records") == [
         {
-            "key": "algorithm.clip_high",
+            "key": "algo.clip_high",
             f"overlong_filter (run {previous})": "0.2",
             f"clip_higher (run {run_id})": "0.28",
         },
@@ -228,19 +257,21 @@ def test_run_page_config_diff_against_previous_arm(
     assert f"/ckpt/sweep{fixture_store.sweep_id}/clip_higher/seed0" in shown
     assert "http://prefect.test/runs/flow-run/" in shown
     evals = at.dataframe[1].value
-    # final evaluation 0.40 -> 40 %, the mid-run one 0.30 -> 30 %
-    assert sorted(evals["avg_at_k"].round(6)) == [30.0, 40.0]
+    # the starting model 0.20 -> 20 %, the mid-run evaluation 0.30 and the final 0.40
+    assert sorted(evals["avg_at_k"].round(6)) == [20.0, 30.0, 40.0]
     at.button(key="run-rerun").click().run()
     assert [w.value for w in at.warning] == [rerun.NO_SERVER]
 
 
-def test_failed_run_and_run_without_evaluations(fixture_store: fx.FixtureStore) -> None:
+def test_failed_and_running_runs_show_their_start(fixture_store: fx.FixtureStore) -> None:
     at = open_page("run", run=fixture_store.run_ids[fx.FAILED])
     assert at.error[0].value == "This run failed: RuntimeError: CUDA out of memory"
-    assert "No evaluations for this run yet" in texts(at)
+    # it failed at step 2, after scoring its starting model (seed 1: 0.22) at step 0
+    evals = at.dataframe[1].value
+    assert evals["step"].tolist() == [0] and evals["avg_at_k"].round(6).tolist() == [22.0]
     at = open_page("run", run=fixture_store.run_ids[fx.RUNNING])
     assert not at.error
-    assert "No evaluations for this run yet" in texts(at)
+    assert at.dataframe[1].value["step"].tolist() == [0]
     at = open_page("run", run=12345)
     assert "No run with id 12345" in texts(at)
 
@@ -252,13 +283,131 @@ def test_compare_two_runs(fixture_store: fx.FixtureStore) -> None:
     a, b = fixture_store.run_ids[("grpo", 0)], fixture_store.run_ids[("clip_higher", 0)]
     at = open_page("compare", a=a, b=b)
     diff = at.dataframe[0].value
-    assert list(diff["key"]) == ["algorithm.clip_high", "algorithm.overlong_filter", "arm"]
+    assert list(diff["key"]) == ["algo.clip_high", "algo.overlong_filter", "arm"]
     finals = at.dataframe[1].value.set_index("metric")
     # acc at the last step (4): 0.1 + 0.05 * arm_index + 0.1 * 4 -> grpo 0.5, clip_higher 0.6
     acc = finals.loc["acc/mean"]
     assert acc.iloc[0] == pytest.approx(0.5) and acc.iloc[1] == pytest.approx(0.6)
     assert acc["B − A"] == pytest.approx(0.1)
     evals = at.dataframe[2].value
-    assert len(evals) == 4  # two evaluations per run
+    assert len(evals) == 6  # three evaluations per run: start, mid-run, final
     final_a = evals[(evals["run"].str.startswith("A:")) & (evals["step"] == fx.STEPS - 1)]
     assert final_a["avg_at_k"].tolist() == pytest.approx([30.0])
+
+
+# --- mechanisms ------------------------------------------------------------------------------
+
+
+def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStore) -> None:
+    at = open_page("mechanisms", sweep=fixture_store.sweep_id)
+    assert at.number_input(key="mech-window").value == 10
+    # windows of 2 of the 5 rollout steps: the numbers of tests/test_db_queries.py
+    at.number_input(key="mech-window").set_value(2).run()
+    assert not at.exception
+    signature = at.dataframe[0].value
+    assert list(signature.columns) == [
+        "arm", "parent", "changes", "metric", "first 2", "last 2", "Δ parent",
+    ]  # fmt: skip
+    # the base changes nothing; every other arm shows the metrics its config change is about
+    assert signature[["arm", "metric"]].values.tolist() == [
+        ["overlong_filter", "◆ response_length/clip_ratio (%)"],
+        ["clip_higher", "◆ clip_ratio/high (%)"],
+        ["clip_higher", "◆ entropy/mean"],
+        ["soft_punish", "◆ response_length/clip_ratio (%)"],
+        ["soft_punish", "◆ reward/overlong_penalty_mean"],
+        ["token_loss", "◆ loss/long_share (%)"],
+        ["dapo", "◆ sampling/train_informative (%)"],
+        ["dapo", "◆ sampling/gen_batches"],
+    ]
+    # Clip-Higher: Δ clip_ratio/high (1.2, 1.3) pp -> 1.25 ± 12.7062 · 0.05 = [0.61, 1.89]
+    assert signature["Δ parent"].tolist()[1] == "+1.25 [+0.61, +1.89] *"
+    assert signature["changes"].tolist()[0] == "algo.overlong_filter"
+    every = at.dataframe[1].value
+    assert list(every["arm"]) == fx.ARMS
+    assert every.loc[every["arm"] == "grpo", "response_length/clip_ratio (%)"].item() == (
+        "13.5 [7.1, 19.9]"
+    )
+    at.radio(key="mech-cells").set_value("Δ parent (last window)").run()
+    every = at.dataframe[1].value
+    assert every.loc[every["arm"] == "clip_higher", "entropy/mean"].item() == (
+        "+0.210 [+0.083, +0.337] *"
+    )
+    assert every.loc[every["arm"] == "grpo", "entropy/mean"].item() == "—"  # no parent
+    assert len(at.get("vega_lite_chart")) == 1
+    assert [b.label for b in at.get("download_button")] == ["Download CSV"]
+
+
+def test_mechanisms_of_older_runs_show_a_dash(fixture_store: fx.FixtureStore) -> None:
+    at = open_page("mechanisms", sweep=fixture_store.other_sweep_id)
+    every = at.dataframe[1].value
+    assert every["loss/long_share (%)"].tolist() == ["—", "—"]  # not logged by those runs
+
+
+# --- grids -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grid_store(tmp_path_factory: pytest.TempPathFactory) -> fx.GridFixture:
+    path = tmp_path_factory.mktemp("grid-store") / "store.db"
+    return fx.build_grid_sweep(f"sqlite:///{path}")
+
+
+def test_grid_page_plots_the_score_against_the_swept_value(
+    grid_store: fx.GridFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAPO_DB_URL", grid_store.url)
+    at = open_page("grid", sweep=grid_store.sweep_id)
+    assert at.selectbox(key="grid-x").options == list(fx.GRID_KEYS)
+    scores = at.dataframe[0].value
+    # x = clip_high, one line per clip_low; mean final score in %, 95% interval over 3 seeds
+    # (spread 1 point: ± 4.302653 · 1 / √3 = ± 2.48), the base (0.28, 0.2) a diamond
+    assert scores[["algo.clip_high", "series", "mean", "role"]].values.tolist() == [
+        [0.24, "clip_low=0.16", pytest.approx(36.0), "grid point"],
+        [0.28, "clip_low=0.16", pytest.approx(42.0), "grid point"],
+        [0.32, "clip_low=0.16", pytest.approx(40.0), "grid point"],
+        [0.24, "clip_low=0.2", pytest.approx(40.0), "grid point"],
+        [0.28, "clip_low=0.2", pytest.approx(46.0), "base arm"],
+        [0.32, "clip_low=0.2", pytest.approx(44.0), "grid point"],
+    ]
+    assert scores["final (%) [95% interval]"].iloc[4] == "46.0 [43.5, 48.5]"
+    # clip_high 0.32 / clip_low 0.2 spreads 2 points: ± 4.97
+    assert scores["final (%) [95% interval]"].iloc[5] == "44.0 [39.0, 49.0]"
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 1 and "algo.clip_high" in charts[0].proto.spec
+
+    # a training metric too: clip_ratio/high over the last 2 steps, in %
+    at.selectbox(key="grid-metric").set_value("clip_ratio/high")
+    at.number_input(key="grid-window").set_value(2).run()
+    assert not at.exception
+    values = at.dataframe[1].value
+    assert values["mean"].tolist() == pytest.approx([3.1, 2.1, 1.1, 3.1, 2.1, 1.1])
+    assert values["clip_ratio/high (%) [95% interval]"].iloc[4] == "2.10 [1.85, 2.35]"
+    assert len(at.get("vega_lite_chart")) == 2
+
+    # the other key on x: one line per clip_high
+    at.selectbox(key="grid-x").set_value("algo.clip_low").run()
+    scores = at.dataframe[0].value
+    assert scores[["algo.clip_low", "series"]].values.tolist()[:2] == [
+        [0.16, "clip_high=0.24"],
+        [0.2, "clip_high=0.24"],
+    ]
+
+
+def test_a_grid_sweep_in_the_ablation_table_compares_with_its_base(
+    grid_store: fx.GridFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAPO_DB_URL", grid_store.url)
+    at = open_page(sweep=grid_store.sweep_id)
+    table = at.dataframe[0].value
+    assert list(table["arm"]) == list(fx.GRID_POINTS)
+    # siblings of one base: each point's parent is dapo, not the row above it
+    assert table["parent"].tolist() == ["—"] + ["dapo"] * (len(fx.GRID_POINTS) - 1)
+    # (0.42, 0.44, 0.46) − (0.45, 0.46, 0.47) = (−3, −2, −1) pp: −2.0 ± 2.48
+    assert table["Δ parent"].tolist()[-1] == "-2.0 [-4.5, +0.5]"
+    assert table["Δ parent"].tolist()[1] == "-10.0 [-10.0, -10.0] *"
+    assert f"[Grid](grid?sweep={grid_store.sweep_id})" in texts(at)
+
+
+def test_grid_page_of_a_sweep_that_is_not_a_grid(fixture_store: fx.FixtureStore) -> None:
+    at = open_page("grid", sweep=fixture_store.sweep_id)
+    assert f"Sweep {fixture_store.sweep_id} is not a grid" in texts(at)

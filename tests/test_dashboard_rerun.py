@@ -72,6 +72,23 @@ def test_rerun_creates_a_forced_flow_run_of_the_arm_deployment() -> None:
     assert (state.ok, state.state) == (True, "Running")
 
 
+def test_rerun_parameters_are_the_arm_flows_own_model() -> None:
+    # Any ladder's arm name (a grid point here); only the fields set, so the deployment's
+    # defaults (its store, its Ray) fill the rest.
+    assert rerun.rerun_parameters(3, "dapo-clip_high=0.24", 0) == {
+        "sweep_id": 3,
+        "arm": "dapo-clip_high=0.24",
+        "seed": 0,
+        "force": True,
+    }
+    calls: list[tuple[str, Any]] = []
+    bad = rerun.request_rerun(
+        0, "grpo", 0, client_factory=lambda _url: FakeClient(calls), environ=API
+    )
+    assert not bad.ok and calls == []
+    assert bad.message == "Cannot rerun: sweep_id: Input should be greater than or equal to 1"
+
+
 def test_no_prefect_server_configured_is_a_message_not_an_error() -> None:
     result = rerun.request_rerun(1, "grpo", 0, environ={})
     assert not result.ok
@@ -140,7 +157,7 @@ def test_cli_runs_streamlit_headless_with_the_store_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    args = _parser().parse_args(["dashboard", "--url", url, "--port", "8599"])
+    args = _parser().parse_args(["dashboard", "--store", url, "--port", "8599"])
     seen: dict[str, Any] = {}
 
     def fake_call(cmd: list[str], env: dict[str, str]) -> int:
@@ -161,6 +178,13 @@ def test_cli_runs_streamlit_headless_with_the_store_url(
     assert (tmp_path / "store.db").exists()  # the store was opened (and migrated) first
 
 
+def test_cli_takes_the_store_as_every_command_does() -> None:
+    # --store, db.cli's one name for it; --url, its old name, still works.
+    for flag in ("--store", "--url"):
+        assert _parser().parse_args(["dashboard", flag, "sqlite://"]).store == "sqlite://"
+    assert _parser().parse_args(["dashboard"]).store is None
+
+
 def test_cli_rejects_a_bad_port() -> None:
     args = _parser().parse_args(["dashboard", "--port", "70000"])
     with pytest.raises(ValueError, match="--port"):
@@ -174,7 +198,9 @@ FORBIDDEN = {"torch", "transformers", "ray", "vllm"}
 
 def test_dashboard_imports_no_training_stack() -> None:
     """Pages and modules import neither torch/transformers/ray nor dapo_core beyond its metric
-    names (checked on the source), and importing them pulls none of those in."""
+    names, nor flows beyond flows.params (the flows' parameter models, which the rerun button
+    fills: pydantic and dapo_core's torch-free config only), checked on the source; and
+    importing them pulls none of those in, nor Prefect (flows.params must stay that light)."""
     import ast
 
     root = Path(cli.__file__).parent
@@ -189,10 +215,12 @@ def test_dashboard_imports_no_training_stack() -> None:
                 assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
                 if name.startswith("dapo_core") and name != "dapo_core":
                     assert name == "dapo_core.metric_names", f"{path.name} imports {name}"
+                if name.split(".")[0] == "flows":
+                    assert name.startswith("flows.params"), f"{path.name} imports {name}"
     code = (
         "import sys, dashboard.cli, dashboard.configs, dashboard.curves, dashboard.rerun, "
         "dashboard.rollouts, dashboard.shaping, dashboard.widgets; "
-        f"print(sorted(m for m in {sorted(FORBIDDEN)!r} if m in sys.modules))"
+        f"print(sorted(m for m in {sorted(FORBIDDEN | {'prefect'})!r} if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120

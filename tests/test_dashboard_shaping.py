@@ -10,112 +10,156 @@ import pandas as pd
 import pytest
 
 from dashboard import configs, curves, rollouts, shaping
+from db import stats, table_format
 
 
 def _table() -> pd.DataFrame:
-    """A db.queries.ablation_table-shaped frame: 3 arms, seeds 0 and 1, dapo's seed 1 failed."""
-    return pd.DataFrame(
-        {
-            "arm": ["grpo", "clip_higher", "dapo"],
-            "adds": ["naive GRPO", "decoupled clip", "dynamic sampling"],
-            "paper_score": [30.0, 38.0, 50.0],
-            "n_seeds": [2, 2, 1],
-            "scores": [[0.30, 0.34], [0.40, 0.36], [0.35]],
-            "seeds": [[0, 1], [0, 1], [0]],
-            "score_mean": [0.32, 0.38, 0.35],
-            # sample std of (0.30, 0.34): sqrt((0.02² + 0.02²) / 1) = 0.028284
-            "score_std": [0.028284, 0.028284, math.nan],
-            "best_mean": [0.33, 0.39, 0.35],
-            "delta_prev": [math.nan, 0.06, -0.03],
-            "delta_base": [0.0, 0.06, 0.03],
-            "steps": [10, 10, 10],
-            "grad_updates": [40, 40, 40],
-            "tokens": [12345, 13000, 14000],
-            "wall_s": [65.0, 3725.0, 42.0],
-            "status": ["completed", "completed", "failed"],
-            "eval_dataset": ["aime2024"] * 3,
-            "eval_k": [4] * 3,
-        }
-    )
+    """A db.queries.ablation_table-shaped frame: 4 arms × seeds 0 and 1; dapo's seed 1 failed.
+    Its statistics come from db.stats (pinned in tests/test_stats.py); this file pins how
+    they are shown."""
+    finals = {
+        "grpo": {0: 0.30, 1: 0.34},
+        "clip_higher": {0: 0.40, 1: 0.45},
+        "token_loss": {0: 0.35, 1: 0.396},
+        "dapo": {0: 0.38},
+    }
+    starts = {0: 0.20, 1: 0.22}
+    arms = list(finals)
+    rows = []
+    for i, arm in enumerate(arms):
+        seeds = finals[arm]
+        parent = arms[i - 1] if i else None
+        rows.append(
+            {
+                "arm": arm,
+                "adds": f"adds {arm}",
+                "parent": parent,
+                "paper_score": [30.0, 38.0, 42.0, 50.0][i],
+                "seeds": list(seeds),
+                "scores": list(seeds.values()),
+                "best_scores": list(seeds.values()),
+                "start_scores": [starts[s] for s in seeds],
+                "n_seeds": len(seeds),
+                "score": stats.t_interval(list(seeds.values())),
+                "gain": stats.paired(seeds, {s: starts[s] for s in seeds}),
+                "gain_problems": stats.EMPTY,
+                "delta_parent": stats.paired(seeds, finals[parent]) if parent else stats.EMPTY,
+                "delta_parent_problems": stats.EMPTY,
+                "delta_base": stats.paired(seeds, finals["grpo"]) if i else stats.EMPTY,
+                "delta_base_problems": stats.EMPTY,
+                "score_mean": stats.mean_sd(list(seeds.values()))[0],
+                "score_std": stats.mean_sd(list(seeds.values()))[1],
+                "best_mean": stats.mean_sd(list(seeds.values()))[0],
+                "best_std": stats.mean_sd(list(seeds.values()))[1],
+                "start_mean": stats.mean_sd([starts[s] for s in seeds])[0],
+                "steps": 10,
+                "grad_updates": 40,
+                "tokens": [12345, 13000, 13500, 14000][i],
+                "wall_s": [65.0, 3725.0, 100.0, 42.0][i],
+                "status": "failed" if arm == "dapo" else "completed",
+                "eval_dataset": "aime2024",
+                "eval_k": 4,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
-def test_ablation_display_percent_mean_std_and_deltas() -> None:
-    display = shaping.ablation_display(_table())
-    assert list(display["arm"]) == ["grpo", "clip_higher", "dapo"]
-    # per-seed columns in percent; dapo has no seed-1 score
-    assert display["seed 0"].tolist() == pytest.approx([30.0, 40.0, 35.0])
-    assert display["seed 1"].iloc[:2].tolist() == pytest.approx([34.0, 36.0])
-    assert math.isnan(display["seed 1"].iloc[2])
-    # 0.32 ± 0.028284 -> "32.0 ± 2.8"; one seed -> mean only
-    assert display["mean ± std"].tolist() == ["32.0 ± 2.8", "38.0 ± 2.8", "35.0"]
-    # Δs in percentage points: 0.06 -> +6.0, -0.03 -> -3.0
-    assert display["Δ prev"].iloc[1:].tolist() == pytest.approx([6.0, -3.0])
-    assert math.isnan(display["Δ prev"].iloc[0])
-    assert display["Δ base"].tolist() == pytest.approx([0.0, 6.0, 3.0])
-    # paper Δ prev: 38 - 30 = 8, 50 - 38 = 12
-    assert display["paper Δ"].iloc[1:].tolist() == pytest.approx([8.0, 12.0])
-    assert display["time"].tolist() == ["1m 05s", "1h 02m", "42s"]
-    assert display["status"].tolist() == ["✔ completed", "✔ completed", "✖ failed"]
-    # the answer first, the bookkeeping last
-    assert list(display.columns[:5]) == [
-        "arm",
-        "adds",
-        "mean ± std",
-        "Δ prev",
-        "Δ base",
+def test_ablation_display_is_the_one_record_function() -> None:
+    table = _table()
+    display = shaping.ablation_display(table)
+    # the same columns and cells as `dapo table` and the Prefect artifact
+    records = table_format.ablation_records(table)
+    assert list(display.columns) == list(records[0])
+    assert display.drop(columns="status").to_dict("records") == [
+        {k: v for k, v in r.items() if k != "status"} for r in records
     ]
+    assert list(display.columns) == [
+        "arm", "adds", "n", "start", "final", "gain", "parent", "Δ parent", "Δ base",
+        "seed 0", "seed 1", "paper", "steps", "updates", "tokens", "time", "status",
+    ]  # fmt: skip
+    # final: grpo (30, 34) -> 32.0 ± t(0.975, 1) · 2 = 32.0 ± 25.4; dapo has one seed
+    assert display["final"].tolist() == [
+        "32.0 [6.6, 57.4]",
+        "42.5 [10.7, 74.3]",
+        "37.3 [8.1, 66.5]",
+        "38.0 (n=1, no interval)",
+    ]
+    # Δ parent, paired by seed: clip_higher − grpo = (10, 11) -> 10.5 ± 12.7062 · 0.5
+    # = [4.1, 16.9], above 0; token_loss − clip_higher = (−5, −5.4) -> −5.2 ± 12.7062 · 0.2
+    # = [−7.7, −2.7], below 0; dapo − token_loss on seed 0 only: +3.0, no interval
+    assert display["Δ parent"].tolist() == [
+        "—",
+        "+10.5 [+4.1, +16.9] *",
+        "-5.2 [-7.7, -2.7] *",
+        "+3.0 (n=1, no interval)",
+    ]
+    # Δ base: dapo − grpo on seed 0 only (its seed 1 failed): 38 − 30
+    assert display["Δ base"].tolist()[3] == "+8.0 (n=1, no interval)"
+    # start 20 (seed 0) and 22 (seed 1); gain of grpo (10, 12) -> 11.0 ± 12.7
+    assert display["start"].tolist() == ["21.0", "21.0", "21.0", "20.0"]
+    assert display["gain"].tolist()[0] == "+11.0 [-1.7, +23.7]"
+    assert display["parent"].tolist() == ["—", "grpo", "clip_higher", "token_loss"]
+    assert display["seed 1"].tolist() == ["34.0", "45.0", "39.6", "—"]
+    assert display["time"].tolist() == ["1m 05s", "1h 02m", "1m 40s", "42s"]
+    assert display["status"].tolist()[2:] == ["✔ completed", "✖ failed"]
+    assert display["tokens"].tolist()[0] == "12,345"
+    assert shaping.number_columns(display)[:3] == ["n", "start", "final"]
 
 
-def test_ablation_text_formats_numbers_and_marks_missing() -> None:
-    text = shaping.ablation_text(shaping.ablation_display(_table()))
-    assert text["Δ prev"].tolist() == ["—", "+6.0", "-3.0"]
-    assert text["Δ base"].tolist() == ["+0.0", "+6.0", "+3.0"]
-    assert text["seed 1"].tolist() == ["34.0", "36.0", "—"]
-    assert text["tokens"].tolist() == ["12,345", "13,000", "14,000"]
-    assert text["paper"].tolist() == ["30.0", "38.0", "50.0"]
-
-
-def test_style_colours_deltas_green_up_red_down() -> None:
-    styler = shaping.style_ablation(shaping.ablation_display(_table()))
+def test_style_colours_only_differences_whose_interval_excludes_zero() -> None:
+    table = _table()
+    styler = shaping.style_ablation(table)
     html = styler.to_html()
-    assert "+6.0" in html and "-3.0" in html
+    assert "+10.5 [+4.1, +16.9] *" in html
     styles = styler._compute().ctx  # (row, column position) -> [(css property, value)]
-    column = list(styler.data.columns).index("Δ prev")
-    assert ("color", "#137333") in styles[(1, column)]  # +6.0: green
-    assert ("color", "#a50e0e") in styles[(2, column)]  # -3.0: red
-    assert (0, column) not in styles or not styles[(0, column)]  # no Δ for the first arm
-    assert shaping.delta_css(6.0) == shaping.UP_CSS
-    assert shaping.delta_css(-3.0) == shaping.DOWN_CSS
-    assert shaping.delta_css(0.0) == ""
-    assert shaping.delta_css(math.nan) == ""
+    column = list(styler.data.columns).index("Δ parent")
+    assert ("color", "#137333") in styles[(1, column)]  # above 0: green
+    assert ("color", "#a50e0e") in styles[(2, column)]  # below 0: red
+    for row in (0, 3):  # no parent; n=1 without interval: plain
+        assert (row, column) not in styles or not styles[(row, column)]
+    assert shaping.estimate_css(table["delta_parent"][1]) == shaping.UP_CSS
+    assert shaping.estimate_css(table["delta_parent"][2]) == shaping.DOWN_CSS
+    assert shaping.estimate_css(table["delta_base"][3]) == ""  # n=1
+    assert shaping.estimate_css(math.nan) == ""
 
 
-def test_ablation_csv_round_trips_percent_columns() -> None:
-    frame = pd.read_csv(io.BytesIO(shaping.ablation_csv(_table())))
-    assert list(frame["arm"]) == ["grpo", "clip_higher", "dapo"]
-    assert frame["score_seed1_pct"].iloc[:2].tolist() == pytest.approx([34.0, 36.0])
-    assert frame["delta_prev_pct"].iloc[2] == pytest.approx(-3.0)
-    assert frame["paper_score_pct"].tolist() == [30.0, 38.0, 50.0]
-    assert frame["status"].iloc[2] == "failed"
+def test_the_csv_carries_the_intervals() -> None:
+    frame = pd.read_csv(io.StringIO(table_format.render(_table(), "csv")))
+    assert list(frame["arm"]) == ["grpo", "clip_higher", "token_loss", "dapo"]
+    clip = frame.iloc[1]
+    assert clip["delta_parent_pct"] == pytest.approx(10.5)
+    # 10.5 ± 12.706205 · 0.5 = [4.146898, 16.853102]
+    assert clip["delta_parent_low_pct"] == pytest.approx(4.146898, abs=1e-6)
+    assert clip["delta_parent_high_pct"] == pytest.approx(16.853102, abs=1e-6)
+    assert (clip["delta_parent_n"], clip["delta_parent_significant"]) == (2, 1)
+    assert clip["score_low_pct"] == pytest.approx(42.5 - 12.706205 * 2.5, abs=1e-5)
+    dapo = frame.iloc[3]
+    assert math.isnan(dapo["score_low_pct"]) and dapo["score_n"] == 1  # one seed: empty
+    assert dapo["delta_base_pct"] == pytest.approx(8.0)
+    assert frame["score_seed1_pct"].iloc[:2].tolist() == pytest.approx([34.0, 45.0])
+    assert frame["start_seed0_pct"].tolist() == pytest.approx([20.0] * 4)
+    assert frame["paper_score_pct"].tolist() == [30.0, 38.0, 42.0, 50.0]
+    assert frame["status"].iloc[3] == "failed"
+    assert set(frame["interval"]) == {"95% t over seeds"}
 
 
-def test_score_summary_bounds_are_mean_plus_minus_std() -> None:
+def test_score_summary_is_the_interval_over_seeds() -> None:
     summary = shaping.score_summary(_table())
-    # 32.0 ± 2.8284 -> [29.17, 34.83]; no std for dapo -> zero-width
-    assert summary["low"].iloc[0] == pytest.approx(32.0 - 2.8284)
-    assert summary["high"].iloc[0] == pytest.approx(32.0 + 2.8284)
-    assert summary["low"].iloc[2] == summary["high"].iloc[2] == pytest.approx(35.0)
-    assert len(shaping.score_points(_table())) == 5  # 2 + 2 + 1 seed scores
+    # grpo: 32.0 ± 25.4124 -> [6.5876, 57.4124]; dapo (n=1): no interval
+    assert summary["low"].iloc[0] == pytest.approx(6.5876, abs=1e-4)
+    assert summary["high"].iloc[0] == pytest.approx(57.4124, abs=1e-4)
+    assert math.isnan(summary["low"].iloc[3]) and summary["n"].iloc[3] == 1
+    assert summary["start (%)"].tolist() == pytest.approx([21.0, 21.0, 21.0, 20.0])
+    assert len(shaping.score_points(_table())) == 7  # 2 + 2 + 2 + 1 seed scores
 
 
 def test_small_formatters() -> None:
-    assert shaping.mean_std_text(math.nan, math.nan, 0) == "—"
-    assert shaping.format_duration(None) == "—"
-    assert shaping.format_duration(3599.6) == "1h 00m"  # rounds to 3600 s
     assert shaping.format_time("2026-11-22 21:07:34.326480") == "2026-11-22 21:07:34"
     assert shaping.format_time(None) == "—"
     assert shaping.status_badge("weird") == "weird"
     assert shaping.status_badge(None) == "○ pending"
+    assert table_format.duration(3599.6) == "1h 00m"  # rounds to 3600 s
+    assert table_format.duration(None) == "—"
 
 
 # --- curves -------------------------------------------------------------------------------
@@ -150,9 +194,42 @@ def test_curve_band_over_seeds_with_tokens_axis() -> None:
     assert band["x"].tolist() == pytest.approx([105.0, 210.0, 315.0])
     # mean / min / max over seeds: step 0 (0, .5), step 1 (1, .5), step 2 (1, 0)
     assert band["mean"].tolist() == pytest.approx([0.25, 0.75, 0.5])
-    assert band["low"].tolist() == pytest.approx([0.0, 0.5, 0.0])
-    assert band["high"].tolist() == pytest.approx([0.5, 1.0, 1.0])
+    assert band["min"].tolist() == pytest.approx([0.0, 0.5, 0.0])
+    assert band["max"].tolist() == pytest.approx([0.5, 1.0, 1.0])
+    # 95% t-interval of two seeds a, b: mean ± 12.7062 · |a − b| / 2; step 0: 0.25 ± 3.17655
+    assert band["low"].tolist() == pytest.approx([-2.92655, 0.75 - 3.17655, -5.85310], abs=1e-5)
+    assert band["high"].tolist() == pytest.approx([3.42655, 0.75 + 3.17655, 6.85310], abs=1e-5)
     assert band["n_seeds"].tolist() == [2, 2, 2]
+
+
+def test_one_seed_has_no_band() -> None:
+    band = curves.curve_band(_long()[lambda f: f["run_id"] == 1], ["acc/mean"], None, 0.0)
+    assert band["mean"].tolist() == [0.0, 1.0, 1.0]
+    assert band["low"].isna().all() and band["high"].isna().all()
+    chart = curves.band_chart(band, "acc/mean", ["a"], "rollout step").to_dict()
+    assert chart["layer"][0]["mark"]["type"] == "area"  # drawn from no rows: no band
+
+
+def test_eval_band_puts_the_start_at_zero_updates() -> None:
+    evals = pd.DataFrame(
+        [(1, "a", 0, 0, "eval/avg_at_k", 0.2), (1, "a", 0, 2, "eval/avg_at_k", 0.4),
+         (2, "a", 1, 0, "eval/avg_at_k", 0.2), (2, "a", 1, 2, "eval/avg_at_k", 0.5)],
+        columns=["run_id", "arm", "seed", "step", "name", "value"],
+    )  # fmt: skip
+    counters = pd.DataFrame(
+        [(1, "a", 0, 2, "progress/grad_updates", 8.0), (2, "a", 1, 2, "progress/grad_updates", 10.0)],
+        columns=["run_id", "arm", "seed", "step", "name", "value"],
+    )  # fmt: skip
+    band = curves.eval_band(evals, counters, "progress/grad_updates")
+    # step 0 (the starting model) sits at x = 0; step 2 at the seeds' mean 9 updates
+    assert band["x"].tolist() == pytest.approx([0.0, 9.0])
+    # step 2: (0.4, 0.5) -> 0.45 ± 12.7062 · 0.05 = [-0.18531, 1.08531]
+    assert band["mean"].tolist() == pytest.approx([0.2, 0.45])
+    assert band["low"].iloc[1] == pytest.approx(-0.18531, abs=1e-5)
+    by_step = curves.eval_band(evals, counters, None)
+    assert by_step["x"].tolist() == [0.0, 2.0]
+    # the chart's y range is that of the seeds' values, padded 5%: 0.2..0.5 -> 0.185..0.515
+    assert curves.value_domain(band) == pytest.approx([0.185, 0.515])
 
 
 def test_curve_band_smooths_each_run_before_folding_seeds() -> None:

@@ -1,21 +1,20 @@
-"""Ablation table: did each rung of the ladder help, by how much, across seeds?"""
+"""Ablation table: did each rung of the ladder help, by how much, and is it real?"""
 
 from __future__ import annotations
-
-import math
 
 import altair as alt
 import streamlit as st
 
 from dashboard import shaping, widgets
-from db import queries
+from db import queries, table_format
 
 st.title("Ablation ladder")
 
 engine = widgets.store()
-sweep_id = widgets.pick_sweep(engine)
-if sweep_id is None:
+picked = widgets.pick_sweep(engine)
+if picked is None:
     st.stop()
+sweep_id: int = int(picked)  # named once more: the fragment below is a closure mypy can't narrow
 
 sweeps = queries.list_sweeps(engine)
 sweep = sweeps[sweeps["sweep_id"] == sweep_id].iloc[0]
@@ -28,48 +27,41 @@ def ablation_body() -> None:
     if table.empty:
         st.info(f"Sweep {sweep_id} has no arms.")
         return
-    runs_done = queries.list_sweeps(engine).set_index("sweep_id").loc[sweep_id]
-    dataset = table["eval_dataset"].dropna()
-    k = table["eval_k"].dropna()
-    metric = f"{dataset.iloc[0]} avg@{int(k.iloc[0])}" if len(dataset) and len(k) else "avg@k"
+    progress = queries.list_sweeps(engine).set_index("sweep_id").loc[sweep_id]
     st.caption(
-        f"Preset **{sweep['preset']}** · {shaping.status_badge(runs_done['status'])} · "
-        f"{int(runs_done['runs_done'])}/{int(runs_done['arms_total'])} runs done · "
-        f"scores: final {metric} in %, mean ± std over seeds, Δ in percentage points · "
-        f"paper: Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
+        f"Preset **{sweep['preset']}** · {shaping.status_badge(progress['status'])} · "
+        f"{int(progress['runs_done'])}/{int(progress['arms_total'])} runs done · "
+        f"{table_format.caption(table)}"
     )
 
-    display = shaping.ablation_display(table)
-    means = [shaping.to_pct(v) for v in table["score_mean"]]
-    scored = [(m, a) for m, a in zip(means, table["arm"], strict=True) if not math.isnan(m)]
-    cols = st.columns(3)
-    if scored:
-        best_score, best = max(scored)
-        cols[0].metric("Best arm", best, f"{best_score:.1f}%", delta_color="off", delta_arrow="off")
-        base_arm, last_arm = table["arm"].iloc[0], table["arm"].iloc[-1]
-        last_delta = shaping.to_pct(table["delta_base"].iloc[-1])
-        if not math.isnan(last_delta):
-            cols[1].metric(
-                f"{last_arm} vs {base_arm}",
-                f"{means[-1]:.1f}%",
-                f"{last_delta:+.1f} pp",
-            )
-        paper = table["paper_score"].astype(float)
-        if paper.notna().all() and len(paper) > 1:
-            cols[2].metric(
-                f"Paper (Qwen2.5-32B): {last_arm} vs {base_arm}",
-                f"{paper.iloc[-1]:.0f}%",
-                f"{paper.iloc[-1] - paper.iloc[0]:+.0f} pp",
-            )
-    else:
+    lead = table_format.leader_of(table)
+    if lead.best is None:
         st.info("No arm has a completed, evaluated run yet: scores appear as seeds finish.")
+    else:
+        # The headline names an arm only when its lead over the runner-up is significant.
+        st.markdown(f"**{table_format.headline(lead)}**")
+        base_arm, last_arm = str(table["arm"].iloc[0]), str(table["arm"].iloc[-1])
+        last, paper = table.iloc[-1], table["paper_score"].astype(float)
+        if len(table) > 1 and last["delta_base"].n > 0:
+            # as text, not a big metric: one seed must not read as a certain number
+            line = (
+                f"**{last_arm} vs {base_arm}** (paired by seed, pp): "
+                f"{table_format.estimate_text(last['delta_base'], signed=True)}"
+            )
+            if paper.notna().all():
+                line += (
+                    f" · paper (Qwen2.5-32B): {paper.iloc[-1]:.0f}% vs {paper.iloc[0]:.0f}% "
+                    f"({paper.iloc[-1] - paper.iloc[0]:+.0f} pp)"
+                )
+            st.markdown(line)
 
+    display = shaping.ablation_display(table)
     right = {
         column: st.column_config.TextColumn(column, alignment="right")
-        for column in [*shaping.numeric_columns(display), shaping.MEAN_STD, "time"]
+        for column in shaping.number_columns(display)
     }
     st.dataframe(
-        shaping.style_ablation(display),
+        shaping.style_ablation(table),
         hide_index=True,
         width="stretch",
         column_config={
@@ -78,12 +70,20 @@ def ablation_body() -> None:
             "adds": st.column_config.TextColumn("adds", width="medium"),
         },
     )
+    # Where to look next: whether each arm's mechanism acted, and a grid's points against
+    # the swept value (links keep the sweep).
+    more = f"[Mechanisms](mechanisms?sweep={sweep_id}): did each arm's change move its own metric?"
+    if queries.grid_keys(engine, sweep_id):
+        more += f" · [Grid](grid?sweep={sweep_id}): the score against the swept value."
+    st.markdown(more)
     st.download_button(
         "Download CSV",
-        shaping.ablation_csv(table),
+        table_format.render(table, "csv"),
         file_name=f"ablation-sweep{sweep_id}.csv",
         mime="text/csv",
         icon=":material/download:",
+        help="Every number of the table with its 95% interval (_low / _high) and n; for one "
+        "seed, also an interval over eval problems (problem sampling only).",
     )
 
     points = shaping.score_points(table)
@@ -91,20 +91,28 @@ def ablation_body() -> None:
         order = shaping.ladder_order(table)
         summary = shaping.score_summary(table)
         x = alt.X("arm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
-        bars = (
-            alt.Chart(summary)
-            .mark_bar(opacity=0.55, color="#4c78a8")
-            .encode(x=x, y=alt.Y("mean (%):Q", title="score (%)"))
+        y = alt.Y("mean (%):Q", title="score (%)")
+        bars = alt.Chart(summary).mark_bar(opacity=0.45, color="#4c78a8").encode(x=x, y=y)
+        interval = (
+            alt.Chart(summary.dropna(subset=["low", "high"]))
+            .mark_errorbar(ticks={"size": 14}, thickness=2, color="#1f3b57")
+            .encode(x=x, y=alt.Y("low:Q", title="score (%)"), y2="high:Q", tooltip=["arm", "final"])
         )
-        spread = alt.Chart(summary).mark_rule(strokeWidth=2).encode(x=x, y="low:Q", y2="high:Q")
+        start = (
+            alt.Chart(summary.dropna(subset=["start (%)"]))
+            .mark_tick(color="#e45756", thickness=2, size=30)
+            .encode(x=x, y="start (%):Q", tooltip=["arm", "start (%)"])
+        )
         seeds = (
             alt.Chart(points)
             .mark_circle(size=55, color="#1f3b57")
             .encode(x=x, y="score (%):Q", tooltip=["arm", "seed", "score (%)"])
         )
         st.altair_chart(
-            (bars + spread + seeds).properties(
-                height=240, title="Final score per arm: mean ± std over seeds, dots are seeds"
+            (bars + interval + start + seeds).properties(
+                height=260,
+                title="Final score per arm: bar = mean, whisker = 95% interval over seeds "
+                "(none for n=1), dots = seeds, red tick = starting model",
             ),
             width="stretch",
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import configs, shaping, widgets
-from db import queries
+from db import queries, table_format
 
 st.title("Run")
 engine = widgets.store()
@@ -22,7 +22,7 @@ cols[2].metric(
     "grad updates", "—" if run["grad_updates"] is None else f"{int(run['grad_updates']):,}"
 )
 cols[3].metric("tokens", "—" if run["tokens"] is None else f"{int(run['tokens']):,}")
-cols[4].metric("wall time", shaping.format_duration(run["wall_s"]))
+cols[4].metric("wall time", table_format.duration(run["wall_s"]))
 
 if run["status"] == "failed":
     error = str(run.get("error") or "no error message recorded")
@@ -59,7 +59,10 @@ with st.expander("Full config"):
 st.subheader("Evaluations")
 evals = queries.evaluations(engine, run_id)
 if evals.empty:
-    st.info("No evaluations for this run yet (runs are evaluated when training finishes).")
+    st.info(
+        "No evaluations for this run yet: a run scores its starting model (step 0) first, "
+        "then every data.eval_every steps and at its last step."
+    )
 else:
     shown = evals.copy()
     for column in ("avg_at_k", "pass_at_k", "cons_at_k"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import shaping, widgets
-from db import queries
+from db import queries, table_format
 
 st.title("Sweeps")
 engine = widgets.store()
@@ -25,6 +25,8 @@ def sweeps_body() -> None:
         status=sweeps["status"].map(shaping.status_badge),
         progress=sweeps["runs_done"] / sweeps["arms_total"].where(sweeps["arms_total"] > 0),
         runs=sweeps["runs_done"].astype(str) + " / " + sweeps["arms_total"].astype(str),
+        best_arm=sweeps["best_arm"].fillna("—"),
+        headline=sweeps["leader"].map(table_format.headline),
     )
     st.dataframe(
         frame[
@@ -38,6 +40,7 @@ def sweeps_body() -> None:
                 "runs",
                 "progress",
                 "best_arm",
+                "headline",
             ]
         ],
         hide_index=True,
@@ -51,9 +54,14 @@ def sweeps_body() -> None:
                 "progress", min_value=0.0, max_value=1.0, format="percent"
             ),
             "best_arm": "best arm",
+            "headline": st.column_config.TextColumn("which arm leads", width="large"),
         },
     )
-    st.caption(f"{len(sweeps)} sweep(s); the best arm is the one with the highest mean score.")
+    st.caption(
+        f"{len(sweeps)} sweep(s). The best arm is named only when the arm with the highest mean "
+        "final score leads the runner-up significantly: the 95% t-interval of their difference, "
+        "paired by seed, lies above 0."
+    )
 
 
 sweeps_body()

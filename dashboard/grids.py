@@ -1,0 +1,156 @@
+"""Data shaping and the chart of the Grid page: a score or a metric against a swept value.
+
+Input is db.queries.grid_table (one row per grid arm: its point {key: value}, the final score's
+and optionally a metric's stats.Estimate). With one swept key the chart is one line; with more,
+one line per combination of the other keys' values (the "series"). Every point carries its 95%
+t-interval over seeds as a whisker (none for one seed); the base arm is drawn as a diamond.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from db import mechanisms, stats, table_format
+
+PLOT_COLUMNS = ["arm", "x", "series", "mean", "low", "high", "n", "role", "text"]
+BASE, POINT = "base arm", "grid point"
+ONE_SERIES = "all"
+
+
+def short(key: str) -> str:
+    """'algo.clip_high' -> 'clip_high' (grid arms are named the same way)."""
+    return key.rsplit(".", 1)[-1]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def numeric(frame: pd.DataFrame) -> bool:
+    """True when every x is a number (a quantitative axis), else the values are categories."""
+    return len(frame) > 0 and all(_number(x) is not None for x in frame["x"])
+
+
+def series_label(point: Mapping[str, Any], others: Sequence[str]) -> str:
+    """The other swept keys' values of a point: 'clip_low=0.16' ('all' with one swept key)."""
+    if not others:
+        return ONE_SERIES
+    return ", ".join(f"{short(k)}={value_name(point.get(k))}" for k in others)
+
+
+def value_name(value: Any) -> str:
+    """A swept value as the arm names write it (0.2, not 0.20000000000000001; true, not True)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    number = _number(value)
+    return f"{number:g}" if number is not None else str(value)
+
+
+def plot_frame(
+    grid: pd.DataFrame, x_key: str, column: str = "score", *, metric: str | None = None
+) -> pd.DataFrame:
+    """Long frame (PLOT_COLUMNS) of one statistic against `x_key`: per grid arm its x, its
+    series (the other keys' values), the mean and 95% interval in display units (scores and
+    fraction metrics in percent), n, and whether it is the base arm. Sorted by series, then x;
+    arms without a value (no completed seed yet) are left out."""
+    keys = list(grid["point"].iloc[0]) if len(grid) else []
+    others = [k for k in keys if k != x_key]
+    scale = 100.0 if column == "score" else mechanisms.scale(metric or "")
+    rows = []
+    for record in grid.to_dict("records"):
+        estimate: stats.Estimate = record[column]
+        if estimate.n == 0 or math.isnan(estimate.mean):
+            continue
+        x = record["point"].get(x_key)
+        number = _number(x)
+        rows.append(
+            {
+                "arm": str(record["arm"]),
+                "x": number if number is not None else value_name(x),
+                "series": series_label(record["point"], others),
+                "mean": scale * estimate.mean,
+                "low": scale * estimate.low,
+                "high": scale * estimate.high,
+                "n": estimate.n,
+                "role": BASE if record["base"] else POINT,
+                "text": (
+                    mechanisms.value_text(estimate, metric)
+                    if metric is not None and column != "score"
+                    else table_format.estimate_text(estimate)
+                ),
+            }
+        )
+    frame = pd.DataFrame(rows, columns=PLOT_COLUMNS)
+    if frame.empty:
+        return frame
+    ordered = frame.assign(_x=[_sort_key(x) for x in frame["x"]])
+    return ordered.sort_values(["series", "_x"]).drop(columns="_x").reset_index(drop=True)
+
+
+def _sort_key(x: Any) -> tuple[int, float, str]:
+    number = _number(x)
+    return (0, number, "") if number is not None else (1, 0.0, str(x))
+
+
+def grid_chart(frame: pd.DataFrame, x_title: str, y_title: str, title: str) -> alt.LayerChart:
+    """Lines through the points of each series, a 95% whisker per point (none for n = 1),
+    the base arm as a diamond."""
+    quantitative = numeric(frame)
+    # ticks at the swept values only: a grid's values are the only x that exist
+    xs = sorted({float(x) for x in frame["x"]}) if quantitative else []
+    # pad the domain so the end points and their whiskers are not cut in half by the frame
+    pad = 0.08 * ((xs[-1] - xs[0]) or abs(xs[0]) or 1.0) if xs else 0.0
+    domain = [xs[0] - pad, xs[-1] + pad] if xs else []
+    x = (
+        alt.X(
+            "x:Q",
+            title=x_title,
+            scale=alt.Scale(domain=domain, nice=False),
+            axis=alt.Axis(values=xs),
+        )
+        if quantitative
+        else alt.X("x:N", title=x_title, sort=list(dict.fromkeys(frame["x"])))
+    )
+    y = alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False))
+    series = list(dict.fromkeys(frame["series"]))
+    colour = alt.Color(
+        "series:N",
+        sort=series,
+        scale=alt.Scale(scheme="category10"),
+        title=None if series == [ONE_SERIES] else "other keys",
+        legend=None if series == [ONE_SERIES] else alt.Legend(),
+    )
+    tooltip = ["arm", alt.Tooltip("text:N", title="value [95% interval]"), "n", "role"]
+    line = alt.Chart(frame).mark_line(strokeWidth=2).encode(x=x, y=y, color=colour)
+    whiskers = (
+        alt.Chart(frame.dropna(subset=["low", "high"]))
+        .mark_errorbar(ticks={"size": 10}, thickness=1.5)
+        .encode(x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour)
+    )
+    shape = alt.Shape(
+        "role:N", scale=alt.Scale(domain=[BASE, POINT], range=["diamond", "circle"]), title=None
+    )
+    size = alt.Size("role:N", scale=alt.Scale(domain=[BASE, POINT], range=[260, 90]), legend=None)
+    points = (
+        alt.Chart(frame)
+        .mark_point(filled=True, opacity=1)
+        .encode(x=x, y=y, color=colour, shape=shape, size=size, tooltip=tooltip)
+    )
+    label = (
+        alt.Chart(frame[frame["role"] == BASE])
+        .mark_text(dy=-16, fontWeight="bold")
+        .encode(x=x, y=y, text=alt.value("base"))
+    )
+    layers = [line, whiskers, points, label]
+    return alt.LayerChart(layer=layers).properties(title=title, height=300)

@@ -1,0 +1,140 @@
+"""Mechanisms: did each arm's change show in the metric it is about, beyond the seed spread?"""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from dashboard import mechanisms, widgets
+from db import mechanisms as mech_text
+from db import queries
+
+st.title("Mechanisms")
+engine = widgets.store()
+sweep_id = widgets.pick_sweep(engine)
+if sweep_id is None:
+    st.stop()
+
+runs = queries.runs_of_sweep(engine, sweep_id)
+logged = set(queries.metric_names(engine, [int(r) for r in runs["run_id"]]))
+# The default metrics always (one a run did not log reads "—"), then any metric some arm's
+# change is about that the runs did log (e.g. mismatch/is_masked of a rollout-correction arm).
+focus_logged = sorted(
+    {m for ms in mech_text.FOCUS.values() for m in ms if m in logged}
+    - set(mech_text.DEFAULT_METRICS)
+)
+default = [*mech_text.DEFAULT_METRICS, *focus_logged]
+c1, c2 = st.columns([1, 3])
+window = int(
+    c1.number_input(
+        "Window (rollout steps)",
+        min_value=1,
+        max_value=10_000,
+        value=10,
+        step=1,
+        key="mech-window",
+        help="Each seed's metric is averaged over the first and over the last this many "
+        "rollout steps of its run.",
+    )
+)
+chosen = c2.multiselect(
+    "Metrics", sorted(set(default) | logged), default=default, key="mech-metrics"
+)
+if not chosen:
+    st.info("Pick at least one metric.")
+    st.stop()
+
+table = queries.mechanism_table(engine, sweep_id, chosen, window)
+if table.empty:
+    st.info(f"Sweep {sweep_id} has no arms.")
+    st.stop()
+st.caption(mech_text.caption(table))
+done = runs[runs["status"] == "completed"]["steps"].dropna()
+if len(done) and int(done.min()) < 2 * window:
+    # first and last windows then share steps: a small change over training reads as none
+    st.warning(
+        f"Some runs have only {int(done.min())} rollout steps: the first and last {window} "
+        "steps overlap. Lower the window to compare the start with the end."
+    )
+
+st.subheader("Each arm's signature")
+st.markdown(
+    "The metrics each arm's change is about (from its config diff to its parent arm): "
+    "Δ parent is the evidence that its mechanism acted."
+)
+summary = mechanisms.signature(table)
+if summary.empty:
+    st.info("No arm changes a key with a mechanism metric (or no arm has a parent).")
+else:
+    css = mechanisms.signature_css(table, summary)
+    st.dataframe(
+        summary.style.hide(axis="index").apply(lambda _: css, axis=None),
+        hide_index=True,
+        width="stretch",
+    )
+
+st.subheader("Every metric")
+cell_label = st.radio(
+    "Cells", list(mechanisms.CELLS), horizontal=True, key="mech-cells", label_visibility="collapsed"
+)
+cell = mechanisms.CELLS[str(cell_label)]
+st.dataframe(
+    mechanisms.style_wide(table, cell),
+    hide_index=True,
+    width="stretch",
+    column_config={"arm": st.column_config.TextColumn("arm", pinned=True)},
+)
+st.caption(
+    "Highlighted: a metric the arm's change is about; bold: a Δ whose 95% interval excludes 0."
+)
+st.download_button(
+    "Download CSV",
+    mech_text.render(table, "csv"),
+    file_name=f"mechanisms-sweep{sweep_id}.csv",
+    mime="text/csv",
+    icon=":material/download:",
+    key="mech-csv",
+)
+
+st.subheader("One metric across arms")
+metric = st.selectbox("Metric", mechanisms.metrics(table), key="mech-plot-metric")
+summary_frame = mechanisms.metric_summary(table, str(metric))
+if summary_frame.empty:
+    st.info(f"No completed run logged `{metric}`.")
+else:
+    order = mechanisms.arms(table)
+    label = mech_text.metric_label(str(metric))
+    x = alt.X("arm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
+    colour = alt.Color(
+        "focus:N",
+        scale=alt.Scale(domain=["its change is about it", "other"], range=["#e8a200", "#4c78a8"]),
+        title=None,
+    )
+    bars = (
+        alt.Chart(summary_frame)
+        .mark_bar(opacity=0.5)
+        .encode(x=x, y=alt.Y("mean:Q", title=label), color=colour, tooltip=["arm", "text", "n"])
+    )
+    whiskers = (
+        alt.Chart(summary_frame.dropna(subset=["low", "high"]))
+        .mark_errorbar(ticks={"size": 14}, thickness=2, color="#1f3b57")
+        .encode(x=x, y=alt.Y("low:Q", title=label), y2="high:Q")
+    )
+    first = (
+        alt.Chart(summary_frame.dropna(subset=["first"]))
+        .mark_tick(color="#e45756", thickness=2, size=30)
+        .encode(x=x, y=alt.Y("first:Q", title=label), tooltip=["arm", "first"])
+    )
+    seeds = (
+        alt.Chart(mechanisms.metric_points(table, str(metric)))
+        .mark_circle(size=50, color="#1f3b57")
+        .encode(x=x, y=alt.Y("value:Q", title=label), tooltip=["arm", "seed", "value"])
+    )
+    st.altair_chart(
+        (bars + whiskers + first + seeds).properties(
+            height=260,
+            title=f"{label}: bar = mean of the last {window} steps over seeds, whisker = 95% "
+            f"interval (none for n=1), dots = seeds, red tick = the first {window} steps",
+        ),
+        width="stretch",
+    )
