@@ -27,7 +27,7 @@ def _child(
     import torch
     from torch import nn
 
-    from dapo_core.logprobs import (
+    from dapo_core.train.logprobs import (
         auto_chunk_size,
         linear_logprobs_and_entropy,
         naive_logprobs_and_entropy,

@@ -3,7 +3,7 @@
 1. `dapo sweep --preset tiny` (all six arms, one seed: what `make demo` runs) as a subprocess
    into a temporary store and runs directory, timed end to end (Prefect's database already
    set up, as on every run after the first).
-2. The same six configs, `dapo_core.runner.train` called directly with a JSONL sink, two at a
+2. The same six configs, `dapo_core.train.runner.train` called directly with a JSONL sink, two at a
    time in two plain worker processes with one torch thread each: the same concurrency as the
    sweep on this machine, with no Prefect, no Ray, no SQL store.
 
@@ -27,15 +27,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dapo_core.arms import ARM_NAMES, build_arm_config  # noqa: E402
+from dapo_core.setup.arms import ARM_NAMES, build_arm_config  # noqa: E402
 
 
 def _direct_one(job: tuple[str, dict[str, Any], str]) -> tuple[str, float]:
     import torch
 
-    from dapo_core.config import ExperimentConfig
-    from dapo_core.runner import train
-    from dapo_core.sinks import JsonlSink
+    from dapo_core.setup.config import ExperimentConfig
+    from dapo_core.train.runner import train
+    from dapo_core.train.sinks import JsonlSink
 
     torch.set_num_threads(1)
     arm, config, out = job
