@@ -23,6 +23,7 @@ from dapo_core.algo.losses import (
     POLICY_LOSSES,
     aggregate,
     clipped_surrogate,
+    entropy_bonus,
     get_aggregation,
     kl_penalty,
     masked_mean,
@@ -739,3 +740,58 @@ def test_row_weights_and_the_long_share_of_each_aggregation() -> None:
     assert long_share(get_aggregation("seq-mean-token-sum-norm"), lengths) == pytest.approx(0.8)
     # All lengths equal: no response is longer than the median, nothing is "long".
     assert long_share(get_aggregation("token-mean"), [5, 5, 5]) == 0.0
+
+
+# --- the entropy bonus (PPO Eq. 9) ---------------------------------------------------------------
+def test_entropy_bonus_hand_computed_in_each_aggregation() -> None:
+    # Entropies of two responses, the second with one padded position:
+    #   row 0: 1, 2   row 1: 3, (pad)
+    ent, mask = _t([[1.0, 2.0], [3.0, 9.0]]), _t([[1, 1], [1, 0]])
+    # token-mean: (1 + 2 + 3) / 3 = 2          → −0.1 · 2 = −0.2
+    # seq-mean-token-mean: (1.5 + 3) / 2 = 2.25 → −0.225
+    # Dr.GRPO, L_max 4: (1 + 2 + 3) / (2 · 4)   → −0.1 · 0.75 = −0.075
+    expected = {
+        "token-mean": -0.2,
+        "seq-mean-token-mean": -0.225,
+        "seq-mean-token-sum-norm": -0.075,
+    }
+    for agg, value in expected.items():
+        got = entropy_bonus(ent, mask, coef=0.1, agg=agg, max_len=4)
+        assert float(got) == pytest.approx(value, abs=1e-12), agg
+    assert float(entropy_bonus(ent, mask, coef=0.0)) == 0.0
+    with pytest.raises(ValueError, match="coef"):
+        entropy_bonus(ent, mask, coef=-0.1)
+
+
+@FAST
+@given(st.integers(0, 2**31 - 1), st.sampled_from(AGG_MODES))
+def test_entropy_bonus_gradient_raises_the_entropy_and_accumulates_exactly(
+    seed: int, agg: str
+) -> None:
+    """A gradient step on the bonus raises the aggregated entropy of softmax policies; split
+    into micro-batches with the global counts, it adds up to the one-batch bonus."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, 5, 6, generator=g, dtype=F64, requires_grad=True)  # [B, T, V]
+    mask = (torch.rand(4, 5, generator=g) > 0.3).to(F64)
+    mask[:, 0] = 1.0
+
+    def entropy(z: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(z, dim=-1)
+        return -(logp.exp() * logp).sum(-1)  # [B, T]
+
+    counts = {"num_tokens": mask.sum(), "num_seqs": (mask.sum(-1) > 0).sum()}
+    if agg == "seq-mean-token-sum-norm":
+        counts["num_seqs"] = torch.tensor(4)
+    whole = entropy_bonus(entropy(logits), mask, coef=0.5, agg=agg, max_len=5, **counts)
+    parts = sum(
+        entropy_bonus(
+            entropy(logits[i : i + 2]), mask[i : i + 2], coef=0.5, agg=agg, max_len=5, **counts
+        )
+        for i in (0, 2)
+    )
+    assert float(parts) == pytest.approx(float(whole), rel=1e-12, abs=1e-12)
+    (grad,) = torch.autograd.grad(whole, logits)
+    stepped = (logits - 0.01 * grad).detach()
+    before = aggregate(entropy(logits.detach()), mask, agg, max_len=5, **counts)
+    after = aggregate(entropy(stepped), mask, agg, max_len=5, **counts)
+    assert float(after) >= float(before) - 1e-12

@@ -14,7 +14,8 @@ Paper references are to DAPO (arXiv 2503.14476) unless named otherwise:
   * token-level aggregation, 1/Σ_i|o_i| Σ_i Σ_t (Eq. 12);
   * Dr.GRPO's constant normaliser 1/(G·L_max) (Liu et al. 2025);
   * dual clip for A < 0 (Ye et al. 2020, "Mastering Complex Control in MOBA Games");
-  * k1 / k2 / k3 KL estimators (Schulman 2020, "Approximating KL Divergence").
+  * k1 / k2 / k3 KL estimators (Schulman 2020, "Approximating KL Divergence");
+  * the entropy bonus c·H of PPO (Schulman et al. 2017, Eq. 9), off by default.
 
 Exact gradient accumulation: every mode is a sum over sequences and tokens divided by a
 normaliser. Pass the normaliser's counts of the whole mini-batch (`num_tokens`, `num_seqs`) to
@@ -457,6 +458,31 @@ def policy_loss(
         "_sum_kl": sum_kl,
     }
     return loss, metrics
+
+
+def entropy_bonus(
+    entropy: Tensor,
+    mask: Tensor,
+    *,
+    coef: float,
+    agg: str = "token-mean",
+    num_tokens: Count | None = None,
+    num_seqs: Count | None = None,
+    max_len: int | None = None,
+) -> Tensor:
+    """The entropy bonus as a term to add to the loss: −c · agg(H), a scalar.
+
+    PPO's objective adds c₂·S[π_θ] to the clipped surrogate (Schulman et al. 2017, arXiv
+    1707.06347, Eq. 9), after A3C (Mnih et al. 2016, arXiv 1602.01783); minimising the loss
+    then raises the entropy. `entropy` `[B, T]` is the policy's per-token entropy H(π_θ(·|s_t))
+    with its gradient, `mask` `[B, T]` the loss tokens; it is aggregated like the policy loss
+    (same mode, same global counts), so micro-batches add up exactly and the bonus weighs
+    tokens and sequences as the loss does (verl: agg_loss(entropy) · entropy_coeff).
+    """
+    if coef < 0:
+        raise ValueError(f"coef={coef}: the entropy coefficient must be >= 0")
+    agg_entropy = aggregate(entropy, mask, agg, num_tokens, num_seqs, max_len)
+    return -coef * agg_entropy
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:

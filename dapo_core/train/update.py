@@ -29,6 +29,7 @@ from dapo_core.algo.correction import rollout_correction
 from dapo_core.algo.losses import (
     Aggregation,
     aggregate,
+    entropy_bonus,
     get_aggregation,
     kl_penalty,
     policy_loss,
@@ -418,11 +419,15 @@ class Updater:
             token_weights=weights,
         )
         if want_entropy:
-            agg_kw = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-            bonus = aggregate(
-                ent, loss_mask, a.loss_agg, max_len=self.cfg.rollout.max_response_len, **agg_kw
+            loss = loss + entropy_bonus(
+                ent,
+                loss_mask,
+                coef=a.entropy_coef,
+                agg=a.loss_agg,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                max_len=self.cfg.rollout.max_response_len,
             )
-            loss = loss - a.entropy_coef * bonus
         kl_value = 0.0
         if self.ref_model is not None and a.kl_coef > 0:
             ref = scatter_rows([s.ref_logprobs for s in rows], packed)
