@@ -67,6 +67,9 @@ test-reference: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py
 	$(BIN)/python bench/bench_logprobs.py
+	$(BIN)/python bench/bench_rollout.py
+	$(BIN)/python bench/bench_update.py
+	$(BIN)/python bench/bench_workers.py
 	bash scripts/setup_bench.sh && .venv-bench/bin/python bench/bench_trl.py
 
 clean-cache:

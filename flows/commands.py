@@ -172,6 +172,9 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         help="most flow runs at once (default: no limit; sweeps pace their arms)",
     )
+    from db.cli import store_argument
+
+    store_argument(p)  # the forms' default store: a run whose form names none writes here
     p.set_defaults(func=cmd_serve)
 
 
@@ -350,6 +353,13 @@ def cmd_arm(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from flows.serve import serve
 
+    if args.store:
+        # Opened now (a bad URL or a foreign database is one line before anything is served),
+        # then handed to the served flow runs, which start in this process's environment.
+        from db.engine import ENV_VAR
+        from db.store import Store
+
+        os.environ[ENV_VAR] = Store(args.store).url
     prepare_terminal(quiet_prefect=False)
     return serve(host=args.host, port=args.port, ray_address=args.ray_address, limit=args.limit)
 

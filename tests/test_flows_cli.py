@@ -74,6 +74,24 @@ def test_bad_sweep_input_is_one_line_and_exit_2(
         assert queries.latest_sweep_id(get_engine(env["DAPO_DB_URL"])) is None
 
 
+@pytest.mark.parametrize(
+    ("store", "message"),
+    [
+        ("nosuch://x", "error: unsupported store URL nosuch://x"),
+        ("postgresql+psycopg://nobody@127.0.0.1:9/x", "error: cannot open the store"),
+    ],
+)
+def test_serve_checks_its_store_before_serving(
+    env: dict[str, str], store: str, message: str
+) -> None:
+    """`dapo serve --store URL` (the forms' default store) opens it first: a bad one is one line
+    and exit 2, before any Prefect server or Ray is started."""
+    result = dapo(env, "serve", "--store", store, "--port", "9")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def _no_sweep_written(env: dict[str, str]) -> None:
     from db import queries
     from db.engine import get_engine
