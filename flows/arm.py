@@ -32,7 +32,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 
-from dapo_core.train.run_dir import latest_step
+from dapo_core.train.run_dir import check_resumable_dir, latest_step
 from db.store import Store
 from flows import checks, cluster, plan, progress, ray_worker
 from flows.params import ArmParams, Resources, takes, validate
@@ -184,6 +184,11 @@ def run_arm(p: ArmParams) -> dict[str, Any]:
             "wait for it or cancel its flow run"
         )
 
+    owner = plan.run_owner(store.store_id, p.sweep_id, job)
+    if decision.action == "resume":
+        # Read nothing from a directory the store names until it is known to be this run's.
+        check_resumable_dir(str(decision.checkpoint_dir), owner, plan.runs_dir())
+
     # --- the first write: everything above has been checked ---
     if extended:
         store.extend_sweep(
@@ -234,14 +239,16 @@ def run_arm(p: ArmParams) -> dict[str, Any]:
         out_dir = str(Path(out_dir).resolve())  # every node must find it: never relative
         store.update_run(run_id, checkpoint_dir=out_dir)
         if p.publish:  # a sweep's own arms leave this to the sweep (said once)
-            warning = cluster.runs_dir_warning(plan.runs_dir(), nodes)
-            if warning:
-                progress.say(warning, level="warning")
+            for warning in (
+                cluster.runs_dir_warning(plan.runs_dir(), nodes),
+                cluster.unplanned_warning(resources, nodes),
+            ):
+                if warning:
+                    progress.say(warning, level="warning")
         progress.say(
             f"{label}  run {run_id}: {decision.reason}; {resources_text(resources)}; "
             f"checkpoints in {out_dir}"
         )
-        owner = plan.run_owner(store.store_id, p.sweep_id, job)
         result = train_in_ray(
             run_id, label, job.config, url, out_dir, owner, resources.model_dump()
         )

@@ -249,6 +249,26 @@ def is_shared_fs(fstype: str) -> bool:
     return fstype in NETWORK_FILE_SYSTEMS or fstype.startswith("fuse.")
 
 
+def unplanned_warning(resources: Resources, nodes: Sequence[NodeRow]) -> str | None:
+    """One line when a GPU run's memory plan could not be checked (a GPU type Ray reports that
+    GPU_MEMORY_GIB does not know), so that a skipped check is never silent."""
+    if resources.gpus <= 0 or gpu_memory_gib(nodes) is not None:
+        return None
+    kinds = sorted(
+        {
+            k.split(":", 1)[1]
+            for n in nodes
+            for k in dict(n.get("Resources") or {})
+            if k.startswith("accelerator_type:")
+        }
+    )
+    return (
+        f"warning: the memory plan was not checked: the cluster's GPU type "
+        f"({', '.join(kinds) or 'not reported'}) is not one of {', '.join(GPU_MEMORY_GIB)}; "
+        "check it with `dapo plan --preset P --workers N --gpu-memory GiB`"
+    )
+
+
 def runs_dir_warning(
     runs_dir: Path, nodes: Sequence[NodeRow], mounts: str | None = None
 ) -> str | None:

@@ -20,7 +20,7 @@ from prefect.context import FlowRunContext
 from db.store import Store
 from flows import arm as arm_flow
 from flows import checks, plan, progress, ray_worker
-from flows.cluster import check_placement, runs_dir_warning
+from flows.cluster import check_placement, runs_dir_warning, unplanned_warning
 from flows.params import ArmParams, SweepParams, takes
 from flows.publish import publish_sweep
 
@@ -177,9 +177,12 @@ def run_sweep(
         sweep_id=sweep_id,
         slots=slots,
     )
-    warning = runs_dir_warning(plan.runs_dir(), nodes)
-    if warning:
-        progress.say(warning, level="warning")
+    for warning in (
+        runs_dir_warning(plan.runs_dir(), nodes),
+        unplanned_warning(params.resources, nodes),
+    ):
+        if warning:
+            progress.say(warning, level="warning")
 
     results: list[dict[str, Any]] = []
     try:

@@ -222,7 +222,7 @@ def test_placement_refuses_a_worker_no_node_can_hold_and_plans_gpu_memory() -> N
     from dapo_core.setup.plan import PlanError
     from dapo_core.setup.presets import preset_config
     from flows import plan
-    from flows.cluster import check_arm_plan, check_bundles, gpu_memory_gib
+    from flows.cluster import check_arm_plan, check_bundles, gpu_memory_gib, unplanned_warning
     from flows.params import Resources
 
     nodes = [_node("a", "10.0.0.5", 2), _node("b", "10.0.0.6", 2)]
@@ -248,6 +248,13 @@ def test_placement_refuses_a_worker_no_node_can_hold_and_plans_gpu_memory() -> N
     assert "\n" not in str(refused.value) and "needs at least" in str(refused.value)
     check_arm_plan([qwen7b], Resources(gpus=1, workers=8), 79.0)
     check_arm_plan([qwen7b], Resources(gpus=1, workers=1), None)  # memory unknown: no check
+    # ... but never silently: the sweep and the arm print one line naming the unknown type.
+    b200 = [_node("g", "10.0.0.7", 16, GPU=8, **{"accelerator_type:B200": 1})]
+    warning = unplanned_warning(Resources(gpus=1, workers=1), b200)
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith("warning: the memory plan was not checked") and "(B200)" in warning
+    assert unplanned_warning(Resources(gpus=1, workers=8), h100) is None
+    assert unplanned_warning(Resources(workers=2), nodes) is None  # a CPU run plans nothing
     # What the trainer refuses on N workers is refused before anything starts.
     tiny_kl = preset_config("tiny").with_overrides({"algo.kl_coef": 0.1}).to_dict()
     with pytest.raises(ValueError, match=r"^algo.kl_coef=0.1: .* several workers"):

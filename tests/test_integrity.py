@@ -24,7 +24,14 @@ from dapo_core.train.checkpoint import (
     load_sharded_optimizer,
     load_trainer_state,
 )
-from dapo_core.train.run_dir import SHARDS_DIR, NotOwner, claim, latest_checkpoint, latest_step
+from dapo_core.train.run_dir import (
+    SHARDS_DIR,
+    NotOwner,
+    check_resumable_dir,
+    claim,
+    latest_checkpoint,
+    latest_step,
+)
 from dapo_core.train.safe_dcp import UnsafeCheckpoint
 from dapo_core.train.sinks import EVALUATIONS_FILE, METRICS_FILE, JsonlSink, repair_torn_tail
 
@@ -228,6 +235,30 @@ def test_a_latest_pointer_cannot_lead_outside_the_run(tmp_path: Path) -> None:
     (run / "checkpoints" / "latest").write_text("step_9")
     with pytest.raises(ValueError, match="outside the run directory"):
         latest_checkpoint(run)
+
+
+def test_a_resume_reads_only_a_directory_inside_the_runs_dir_that_names_the_run(
+    tmp_path: Path,
+) -> None:
+    """The directory a resume reads comes from the store: before its spill file or its
+    checkpoint is read, it must lie inside DAPO_RUNS_DIR and its OWNER.json name this run."""
+    mine = {"store": "a1", "sweep": 1, "arm": "grpo", "seed": 0, "config_hash": "h"}
+    runs = tmp_path / "runs"
+    run = runs / "a1" / "sweep-1" / "grpo-s0-h-run1"
+    claim(run, mine)
+    assert check_resumable_dir(run, mine, runs) == run.resolve()
+    with pytest.raises(NotOwner, match=r"does not belong to this run"):
+        check_resumable_dir(run, {**mine, "seed": 1}, runs)
+    elsewhere = tmp_path / "elsewhere"
+    claim(elsewhere, mine)  # a planted directory with a copied marker
+    with pytest.raises(NotOwner, match=r"outside the runs directory"):
+        check_resumable_dir(elsewhere, mine, runs)
+    with pytest.raises(NotOwner, match=r"outside the runs directory"):
+        check_resumable_dir(runs / ".." / "elsewhere", mine, runs)
+    unmarked = runs / "old"
+    (unmarked / "checkpoints").mkdir(parents=True)
+    with pytest.raises(NotOwner, match=r"does not belong to this run"):
+        check_resumable_dir(unmarked, mine, runs)
 
 
 def test_a_directory_owned_by_another_run_is_refused(tmp_path: Path) -> None:

@@ -97,6 +97,28 @@ def read_owner(run_dir: str | Path) -> dict[str, Any] | None:
         raise NotOwner(f"{path} is unreadable ({exc}): this directory's owner is unknown") from None
 
 
+def check_resumable_dir(
+    run_dir: str | Path, owner: Mapping[str, Any], runs_dir: str | Path
+) -> Path:
+    """A run directory recorded in the store, checked before anything in it is read for a
+    resume: it must lie inside `runs_dir` (a store row cannot point a resume at files elsewhere)
+    and name `owner` in its OWNER.json. Returns it resolved; NotOwner otherwise."""
+    path, root = Path(run_dir).resolve(), Path(runs_dir).resolve()
+    if not path.is_relative_to(root):
+        raise NotOwner(
+            f"the checkpoint directory {path} is outside the runs directory {root} "
+            "($DAPO_RUNS_DIR): refusing to resume from it (--force starts the arm over)"
+        )
+    found = read_owner(path)
+    mine = {str(k): v for k, v in owner.items()}
+    if found != mine:
+        raise NotOwner(
+            f"{path} does not belong to this run (its {OWNER_FILE}: {found}): refusing to resume "
+            "from it (--force starts the arm over)"
+        )
+    return path
+
+
 def claim(run_dir: str | Path, owner: Mapping[str, Any]) -> None:
     """Make `owner` the run directory's owner, or check that it already is.
 
