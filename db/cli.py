@@ -77,6 +77,24 @@ def register(subparsers: Any) -> None:
         "one is an error that names those there are)",
     )
     table.add_argument("--k", type=int, default=None, help="the evaluation's k (avg@k)")
+    table.add_argument(
+        "--mechanisms",
+        action="store_true",
+        help="instead, the mechanism table: per arm, the training metrics its change is about "
+        "(truncation, clip fractions, entropy, long responses' loss share, informative groups, "
+        "generation batches), first against last --window rollout steps, with Δ to its parent",
+    )
+    table.add_argument(
+        "--window",
+        type=int,
+        default=10,
+        help="rollout steps averaged at each end of a run (--mechanisms; default 10)",
+    )
+    table.add_argument(
+        "--all-metrics",
+        action="store_true",
+        help="with --mechanisms: every metric for every arm, not only those its change is about",
+    )
     table.set_defaults(func=cmd_table)
 
 
@@ -187,6 +205,15 @@ def cmd_table(args: argparse.Namespace) -> int:
                     f"the store {db_engine.safe_url(url)} has no sweeps yet: start one with "
                     "`dapo sweep`"
                 )
+        if args.mechanisms:
+            from db import mechanisms
+
+            if args.window < 1:
+                raise ValueError(f"--window {args.window}: at least 1 rollout step")
+            frame = queries.mechanism_table(engine, sweep_id, window=args.window)
+            out = mechanisms.render(frame, args.format, focus_only=not args.all_metrics)
+            sys.stdout.write(out)
+            return 0
         table = queries.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
         sweep = queries.sweep_details(engine, sweep_id)
     sys.stdout.write(table_format.render(table, args.format, sweep))

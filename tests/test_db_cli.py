@@ -113,6 +113,33 @@ def test_table_text_markdown_and_csv(
     assert float(parsed[4]["delta_base_low_pct"]) == pytest.approx(6.146898, abs=1e-5)
 
 
+def test_table_mechanisms_prints_each_arms_own_metrics(
+    filled: fx.FixtureStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dapo table --mechanisms`: the same rows as db.mechanisms renders from the store, the
+    focus metrics only by default, every metric with --all-metrics; CSV carries the numbers."""
+    from db import mechanisms
+
+    sweep = ("--sweep", str(filled.sweep_id), "--url", filled.url)
+    frame = queries.mechanism_table(db_engine.get_engine(filled.url), filled.sweep_id, window=3)
+    text = run_in_process(capsys, "table", *sweep, "--mechanisms", "--window", "3")
+    assert text == mechanisms.render(frame, "text", focus_only=True)
+    assert text.startswith("per seed, the metric's mean over the first and the last 3 rollout")
+    assert "◆ clip_ratio/high (%)" in text and "acc/mean" not in text
+    every = run_in_process(
+        capsys, "table", *sweep, "--mechanisms", "--all-metrics", "--window", "3"
+    )
+    assert "acc/mean" in every and len(every.splitlines()) > len(text.splitlines())
+    rows = list(
+        csv.DictReader(
+            io.StringIO(run_in_process(capsys, "table", *sweep, "--mechanisms", "--format", "csv"))
+        )
+    )
+    assert {r["arm"] for r in rows} == set(fx.ARMS) and rows[0]["window"] == "10"
+    line = one_error_line(dapo("table", *sweep, "--mechanisms", "--window", "0"))
+    assert line == "error: --window 0: at least 1 rollout step"
+
+
 def test_the_console_script_prints_the_table(filled: fx.FixtureStore) -> None:
     done = dapo("table", "--sweep", str(filled.sweep_id), url=filled.url)
     assert done.returncode == 0, done.stderr
