@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_core.setup.arms import ARM_NAMES, build_arm_config
+from dapo_core.setup.arms import ARM_NAMES
 from dapo_core.setup.config import ExperimentConfig, flatten
 from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, resolve_ladder
 from dapo_core.setup.presets import PRESETS
@@ -57,9 +57,7 @@ def register(subparsers: Any) -> None:
         description="Train one arm of the DAPO ablation ladder. Resumes from the output "
         "directory's latest checkpoint unless --no-resume.",
     )
-    p.add_argument(
-        "--arm", default="dapo", help=f"ladder arm: {', '.join(ARM_NAMES)} (default dapo)"
-    )
+    _arm_args(p)
     p.add_argument(
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
@@ -120,9 +118,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
-    p.add_argument(
-        "--arm", default="dapo", help=f"ladder arm: {', '.join(ARM_NAMES)} (default dapo)"
-    )
+    _arm_args(p)
     p.add_argument(
         "--model", help="`tiny`, a local model directory or a hub name (model.name_or_path)"
     )
@@ -251,9 +247,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 # --- config from the command line -----------------------------------------------------------
+def _arm_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--arm",
+        default=None,
+        help=f"an arm of the ladder: {', '.join(ARM_NAMES)} in the paper's (default: the "
+        "ladder's last arm, dapo in the paper's)",
+    )
+    p.add_argument(
+        "--ladder",
+        metavar="NAME_OR_FILE",
+        default="paper",
+        help=f"the ladder --arm belongs to: {', '.join(BUILTIN_LADDERS)} or a .toml file "
+        "(default paper)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     """The arm's config on the preset, with the flags and --set overrides applied."""
-    base = build_arm_config(args.arm, args.preset)
+    ladder = resolve_ladder(args.ladder, args.preset)
+    args.arm = args.arm or ladder.arms[-1].name
+    base = ladder.config(args.arm, args.preset)
     overrides = parse_sets(args.set, base)
     for flag, key in (
         ("steps", "run.steps"),
@@ -265,7 +279,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         value = getattr(args, flag, None)
         if value is not None:
             overrides[key] = value
-    return build_arm_config(args.arm, args.preset, overrides)
+    return ladder.config(args.arm, args.preset, overrides)
 
 
 def parse_sets(items: list[str], base: ExperimentConfig) -> dict[str, Any]:

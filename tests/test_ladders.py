@@ -12,7 +12,7 @@ import pytest
 
 from dapo_core.cli import parse_grid
 from dapo_core.setup.arms import ARM_NAMES, build_arm_config
-from dapo_core.setup.config import ConfigError, flatten
+from dapo_core.setup.config import ConfigError, ExperimentConfig, flatten
 from dapo_core.setup.ladders import (
     BUILTIN_LADDERS,
     NAME_RE,
@@ -514,3 +514,33 @@ def test_dapo_arms_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
     if "BAD" in argv or str(bad) in argv:
         assert str(bad) in lines[0]
+
+
+# --- dapo train / dapo plan --ladder -------------------------------------------------------------
+def test_train_and_plan_take_an_arm_of_any_ladder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--ladder resolves --arm in a built-in ladder or a file (default: its last arm); the
+    config is the ladder's, the same one a sweep of that ladder runs."""
+    import argparse
+
+    from dapo_core.cli import config_from_args
+
+    def cfg(*argv: str) -> ExperimentConfig:
+        args = argparse.Namespace(preset="tiny", set=[], arm=None, ladder="paper")
+        for flag, value in zip(argv[::2], argv[1::2], strict=True):
+            setattr(args, flag.lstrip("-"), value)
+        return config_from_args(args)
+
+    assert cfg().arm == "dapo" and cfg().to_dict() == build_arm_config("dapo", "tiny").to_dict()
+    cispo = cfg("--ladder", "beyond-dapo", "--arm", "cispo")
+    assert cispo.algo.loss_mode == "cispo" and cispo.algo.rollout_correction == "tis"
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD)
+    mine = cfg("--ladder", str(path))  # the file's last arm
+    assert mine.arm == "eps32" and mine.algo.clip_high == 0.32
+    assert main(["plan", "--ladder", str(path), "--arm", "eps32"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("plan: preset tiny, arm eps32:")
+    assert main(["plan", "--ladder", "dr-grpo", "--arm", "dapo"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: unknown arm 'dapo': choose one of grpo, no_std, dr_grpo"]

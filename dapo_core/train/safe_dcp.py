@@ -79,9 +79,9 @@ class SafeReader(dcp.FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         file = Path(str(self._get_metadata_path(kwargs.get("rank")))).name
         metadata = read_metadata(Path(str(self.path)), file)
-        if getattr(metadata, "storage_meta", None) is None:  # as the parent's reader does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage = getattr(metadata, "storage_meta", None) or StorageMeta()  # as the parent's
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
         return metadata
 
 
