@@ -28,7 +28,8 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (
 
 DESCRIPTION = """\
 DAPO Lab: run the DAPO ablation ladder (GRPO → +overlong filter → +clip-higher → +soft overlong
-punishment → +token-level loss → DAPO) on any causal LM, and browse the results.
+punishment → +token-level loss → DAPO), a ladder of your own (a TOML file) or a grid around
+one arm, on any causal LM, and browse the results with their intervals.
 
 The experiment store is $DAPO_DB_URL when set (e.g. postgresql+psycopg://user@host:5432/db),
 else a SQLite file in the user's data directory (see `dapo db current`)."""

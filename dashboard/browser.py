@@ -1,16 +1,34 @@
 """Headless Chromium against a served dashboard: for the README's screenshots and the browser test.
 
-Flags as ../shared/ENV_NOTES.md found them to work on a headless Linux box running as root.
+A Streamlit page is an empty shell until its script has run on the server and the results have
+come back over a websocket, so "the page has loaded" says nothing about its content. Chromium's
+own one-shot modes (`--dump-dom`, `--screenshot`) cannot wait for that: with
+`--virtual-time-budget` their clock jumps ahead while the page only waits on its websocket, and
+they quit before a page that takes a second to compute is drawn. `open_page` drives one tab over
+the DevTools protocol instead: navigate, then wait until the text a caller names is on the
+screen (a condition, with a deadline), then read the text or take the picture.
+
+Flags: headless, no sandbox (root in a container), no GPU, and no background networking (the
+machines this runs on have no internet; Chromium's own connections would otherwise fail).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import html
+import itertools
+import json
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (
@@ -22,29 +40,14 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--no-first-run",
     "--hide-scrollbars",
-    "--virtual-time-budget=60000",
     "--window-size=1600,1200",
 )
+POLL_S = 0.2  # how often a waiting loop looks again (the wait itself is for a condition)
 
 
 def find_browser() -> str | None:
     """The first Chromium-family browser on PATH, or None."""
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
-
-
-def chromium(browser: str, *args: str, timeout_s: float = 120) -> str:
-    """Run the browser headless with a throw-away profile; its stdout (e.g. `--dump-dom`)."""
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    if done.returncode != 0:
-        raise RuntimeError(f"{browser} exited with {done.returncode}: {done.stderr[-2000:]}")
-    return done.stdout
 
 
 def free_port() -> int:
@@ -67,5 +70,117 @@ def wait_until_healthy(port: int, server: subprocess.Popen[bytes], deadline_s: f
                     return
         except OSError:
             pass
-        time.sleep(0.2)  # polling interval while the server starts, not a timing assumption
+        time.sleep(POLL_S)
     raise RuntimeError(f"streamlit did not answer on port {port} within {deadline_s} s")
+
+
+class Page:
+    """One tab of a headless Chromium, driven over the DevTools protocol."""
+
+    def __init__(self, socket_url: str) -> None:
+        from websockets.sync.client import connect
+
+        self._ws = connect(socket_url, max_size=None, open_timeout=30)
+        self._ids = itertools.count(1)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """Send one DevTools command and return its result (events in between are skipped)."""
+        msg_id = next(self._ids)
+        self._ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(self._ws.recv(timeout=120))
+            if reply.get("id") != msg_id:
+                continue
+            if "error" in reply:
+                raise RuntimeError(f"{method}: {reply['error'].get('message', reply['error'])}")
+            return dict(reply.get("result") or {})
+
+    def goto(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+
+    def text(self) -> str:
+        """The page's text: the DOM without scripts and styles, tags removed, blanks collapsed.
+        (Not innerText: Streamlit draws tables on a canvas and keeps their cells in a hidden
+        accessible table, which innerText leaves out.)"""
+        result = self.call(
+            "Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True
+        )
+        dom = str(result.get("result", {}).get("value") or "")
+        dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+        return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom)))
+
+    def wait_for(self, needles: Iterable[str], timeout_s: float = 120) -> str:
+        """Wait until every needle is in the visible text; returns the text, or raises
+        TimeoutError with what the page showed."""
+        wanted = list(needles)
+        end = time.monotonic() + timeout_s
+        text = ""
+        while time.monotonic() < end:
+            text = self.text()
+            if all(n in text for n in wanted):
+                return text
+            time.sleep(POLL_S)
+        missing = [n for n in wanted if n not in text]
+        raise TimeoutError(f"not on the page after {timeout_s:g} s: {missing}\n{text[:3000]}")
+
+    def screenshot(self, path: Path) -> bytes:
+        """A PNG of the viewport, written to `path` and returned."""
+        data = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        Path(path).write_bytes(data)
+        return data
+
+    def close(self) -> None:
+        self._ws.close()
+
+
+@contextlib.contextmanager
+def open_page(browser: str, *, start_timeout_s: float = 60) -> Iterator[Page]:
+    """A headless Chromium with one blank tab, driven over the DevTools protocol; the browser
+    and its throw-away profile are gone when the block ends."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [
+                browser,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--remote-debugging-port={port}",
+                "--remote-allow-origins=*",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        page = None
+        try:
+            page = Page(_page_socket(port, proc, start_timeout_s))
+            page.call("Page.enable")
+            yield page
+        finally:
+            if page is not None:
+                with contextlib.suppress(Exception):
+                    page.close()
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _page_socket(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The DevTools websocket of the browser's first page, once the browser answers."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the browser exited with code {proc.returncode} at start")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=2) as r:
+                targets = json.loads(r.read())
+            pages = [t for t in targets if t.get("type") == "page"]
+            if pages:
+                return str(pages[0]["webSocketDebuggerUrl"])
+        except OSError:
+            pass
+        time.sleep(POLL_S)
+    raise RuntimeError(f"the browser's DevTools did not answer on port {port} in {timeout_s:g} s")

@@ -1,6 +1,6 @@
 """Screenshots of the dashboard on a real store, for the README (docs/*.png).
 
-    .venv/bin/python scripts/dashboard_screenshots.py [--url STORE_URL] [--sweep ID] [--out docs]
+    .venv/bin/python scripts/dashboard_screenshots.py [--store URL] [--sweep ID] [--out docs]
 
 Serves the app with `streamlit run` on the store (default: the one `make demo` fills), opens
 the ablation table and the curves page in headless Chromium and writes dashboard.png and
@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dashboard import cli  # noqa: E402
-from dashboard.browser import chromium, find_browser, free_port, wait_until_healthy  # noqa: E402
+from dashboard.browser import find_browser, free_port, open_page, wait_until_healthy  # noqa: E402
 from db.engine import resolve_url  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--url", default=None, help="store URL (default: $DAPO_DB_URL or the user store)"
+        "--store", default=None, help="store URL (default: $DAPO_DB_URL or the user store)"
     )
     parser.add_argument("--sweep", type=int, default=None, help="sweep id (default: the newest)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
@@ -39,7 +39,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    url = resolve_url(args.url)
+    url = resolve_url(args.store)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     query = f"?live=0{f'&sweep={args.sweep}' if args.sweep else ''}"
@@ -59,16 +59,16 @@ def main() -> int:
                 print(f"error: {error}", file=sys.stderr)
                 return 1
             args.out.mkdir(parents=True, exist_ok=True)
-            pages = (("dashboard.png", "", "Ablation ladder"), ("curves.png", "curves", "acc/mean"))
-            for name, path, marker in pages:
-                shot, page = args.out / name, f"{base}/{path}{query}"
-                # The first loads after start can show placeholders while the app imports:
-                # load until the page's content is in the DOM, then take the picture.
-                for _ in range(6):
-                    if marker in chromium(browser, "--dump-dom", page):
-                        break
-                chromium(browser, f"--screenshot={shot}", page)
-                print(f"wrote {shot}")
+            # Each page is shot once its content is on the screen (the headline under the
+            # table, a metric's name on the curves), not after a fixed time.
+            pages = (("dashboard.png", "", "leads"), ("curves.png", "curves", "acc/mean"))
+            with open_page(browser) as tab:
+                for name, path, marker in pages:
+                    shot = args.out / name
+                    tab.goto(f"{base}/{path}{query}")
+                    tab.wait_for([marker])
+                    tab.screenshot(shot)
+                    print(f"wrote {shot}")
         finally:
             server.terminate()
             server.wait(timeout=15)

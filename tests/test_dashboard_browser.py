@@ -7,9 +7,7 @@ The screenshot is kept as a test artifact under tests/artifacts/.
 
 from __future__ import annotations
 
-import html
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -36,15 +34,8 @@ def find_chromium() -> str:
     pytest.skip(message)
 
 
-chromium = browser.chromium
 free_port = browser.free_port
 wait_until_healthy = browser.wait_until_healthy
-
-
-def visible_text(dom: str) -> str:
-    """The rendered page as plain text (scripts and styles dropped)."""
-    text = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
-    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", text)))
 
 
 @pytest.fixture(scope="module")
@@ -72,48 +63,32 @@ def served_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 def test_ablation_view_renders_every_arm(served_dashboard: tuple[str, int], tmp_path: Path) -> None:
     exe = find_chromium()
     base, sweep_id = served_dashboard
-    page = f"{base}/?sweep={sweep_id}&live=0"  # no refresh mid-screenshot
-    # The first loads after start can show only grey placeholders (the server is still
-    # importing the app): reload until the table is there, a bounded number of times.
-    text = ""
-    for _ in range(6):
-        text = visible_text(chromium(exe, "--dump-dom", page))
-        if all(arm in text for arm in fx.ARMS):
-            break
-    assert "Ablation ladder" in text
-    missing = [arm for arm in fx.ARMS if arm not in text]
-    assert not missing, f"arms not rendered: {missing}\n{text[:3000]}"
-    assert "Traceback" not in text
-    # token_loss − grpo paired by seed: (13, 12) -> 12.5 ± 6.35 pp, marked as above 0
-    assert "+12.5 [+6.1, +18.9] *" in text
-    assert "n=1, no interval" in text  # one-seed arms show no false certainty
-    assert "No arm leads significantly" in text
-
-    shot = tmp_path / "dashboard.png"
-    data = b""
-    for _ in range(4):  # a fresh load can again catch the placeholders before the table
-        chromium(exe, f"--screenshot={shot}", page)
-        data = shot.read_bytes()
-        if len(data) > 20_000:
-            break
+    with browser.open_page(exe) as page:
+        page.goto(f"{base}/?sweep={sweep_id}&live=0")  # no refresh mid-screenshot
+        # The page is a shell until the server has run the script: wait for the table.
+        # token_loss − grpo paired by seed: (13, 12) -> 12.5 ± 6.35 pp, marked as above 0;
+        # one-seed arms show no false certainty.
+        text = page.wait_for(
+            [*fx.ARMS, "No arm leads significantly", "+12.5 [+6.1, +18.9] *", "n=1, no interval"]
+        )
+        assert "Ablation ladder" in text and "Traceback" not in text
+        data = page.screenshot(tmp_path / "dashboard.png")
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000  # a rendered table and chart, not a blank page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, ARTIFACTS / "dashboard.png")
+    shutil.copy(tmp_path / "dashboard.png", ARTIFACTS / "dashboard.png")
 
 
 def test_mechanisms_view_renders_each_arms_signature(served_dashboard: tuple[str, int]) -> None:
     exe = find_chromium()
     base, sweep_id = served_dashboard
-    page = f"{base}/mechanisms?sweep={sweep_id}"
-    text = ""
-    for _ in range(6):  # as above: the first loads may show only placeholders
-        text = visible_text(chromium(exe, "--dump-dom", page))
-        if "Each arm's signature" in text and "clip_ratio/high" in text:
-            break
+    with browser.open_page(exe) as page:
+        page.goto(f"{base}/mechanisms?sweep={sweep_id}")
+        # clip_higher − overlong_filter on clip_ratio/high, paired by seed: (1.2, 1.3) pp ->
+        # 1.25 ± 12.7062 · 0.05, above 0 (the fixture's value is the same at every step).
+        # Waited for, as the page draws its parts one after another: a wrong number is a
+        # timeout that shows what the page held.
+        text = page.wait_for(
+            ["Each arm's signature", "+1.25 [+0.61, +1.89] *", "◆ loss/long_share (%)"]
+        )
     assert "Mechanisms" in text and "Traceback" not in text
-    assert "Each arm's signature" in text, text[:3000]
-    # clip_higher − overlong_filter on clip_ratio/high, paired by seed: (1.2, 1.3) pp ->
-    # 1.25 ± 12.7062 · 0.05, above 0 (the fixture's value is the same at every step)
-    assert "+1.25 [+0.61, +1.89] *" in text
-    assert "◆ loss/long_share (%)" in text
