@@ -72,13 +72,11 @@ def killed_after_step_2(run: Path, to: Path) -> Path:
     return to
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`dapo train --workers 2 --steps 3`, uninterrupted; returns its directory and stdout."""
-    out = tmp_path_factory.mktemp("two") / "run"
+def dapo_train(out: Path, *, workers: int, steps: int) -> subprocess.CompletedProcess[str]:
+    """`dapo train --arm dapo --preset tiny --workers W --steps S --out OUT` (with SETS)."""
     sets = [a for k, v in SETS.items() for a in ("--set", f"{k}={v}")]
     dapo = str(Path(sys.executable).parent / "dapo")
-    args = ["--arm", "dapo", "--preset", "tiny", "--workers", "2", "--steps", "3"]
+    args = ["--arm", "dapo", "--preset", "tiny", "--workers", str(workers), "--steps", str(steps)]
     done = subprocess.run(
         [dapo, "train", *args, "--out", str(out), *sets],
         capture_output=True,
@@ -87,7 +85,14 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         env={**os.environ, "DAPO_DEBUG": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, done.stdout
+    return done
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`dapo train --workers 2 --steps 3`, uninterrupted; returns its directory and stdout."""
+    out = tmp_path_factory.mktemp("two") / "run"
+    return out, dapo_train(out, workers=2, steps=3).stdout
 
 
 def test_two_workers_write_one_row_per_step_reduced_over_ranks(
@@ -146,9 +151,11 @@ def test_a_sharded_checkpoint_resumes_on_one_worker_then_back_on_two(
 ) -> None:
     out, _ = reference
     run = killed_after_step_2(out, tmp_path / "run")
-    with JsonlSink(run) as sink:
-        result = train(config(3), sink=sink, out_dir=run)
-    assert result.steps == 3
+    # The user's command: `dapo train ... --workers 1 --steps 3` on the 2-worker run's --out.
+    done = dapo_train(run, workers=1, steps=3)
+    assert "done: 3 steps" in done.stdout, done.stdout
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]  # each once
+    assert [r["step"] for r in read_jsonl(run / "evaluations.jsonl")] == [0, 3]
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.name == "step_3" and not is_sharded(ckpt)
     # One worker's checkpoint, resumed on two.
