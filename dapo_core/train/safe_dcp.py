@@ -1,12 +1,12 @@
 """Reading torch.distributed.checkpoint (DCP) directories without running code from them.
 
-torch's own reader unpickles a checkpoint's `.metadata` with plain `pickle.load`, and its default
-load planner reads every non-tensor item with `torch.load(weights_only=False)`: a crafted `dcp/`
-folder in a run directory would run code in the trainer the moment a run resumes from it. Here
-the metadata is unpickled by an allow-list of the classes DCP itself writes (its metadata
-dataclasses, torch sizes, dtypes and layouts, the path it records), and byte items load with
-`torch.load(weights_only=True)` (optimizer param groups are plain numbers, strings and lists).
-Anything else is refused with one line naming the checkpoint.
+torch's own DCP reader unpickles a checkpoint's `.metadata` with the unrestricted pickle module,
+and its default load planner unpickles every non-tensor item the same way (a full, not a
+weights-only, torch load): a crafted `dcp/` folder in a run directory would run code in the
+trainer the moment a run resumes from it. Here the metadata is unpickled by an allow-list of the
+classes DCP itself writes (its metadata dataclasses, torch sizes, dtypes and layouts, the path it
+records), and byte items load with `torch.load(weights_only=True)` (optimizer param groups are
+plain numbers, strings and lists). Anything else is refused with one line naming the checkpoint.
 """
 
 from __future__ import annotations
