@@ -208,10 +208,13 @@ class HFEngine:
         tokens = torch.full((P * n, max(budget, 0)), pad, dtype=torch.long, device=dev)
         logps = torch.zeros((P * n, max(budget, 0)), dtype=torch.float32, device=dev)
         out_len = torch.full((P * n,), max(budget, 0), dtype=torch.long, device=dev)
-        if budget > 0:
-            cache = DynamicCache(config=self.model.config)
-            kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
-            with self._autocast():
+        # One autocast for the whole loop: leaving the outermost autocast block clears its
+        # cache of weights cast to the compute dtype, so a block per decode step would cast
+        # every weight again for every token. (Sampling itself is float32 / float64.)
+        with self._autocast():
+            if budget > 0:
+                cache = DynamicCache(config=self.model.config)
+                kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
                 logits = self.model(
                     input_ids=input_ids.to(dev),
                     attention_mask=attention_l,
@@ -220,46 +223,45 @@ class HFEngine:
                     use_cache=True,
                     **kw,
                 ).logits[:, -1]  # [P, V]
-            # Step 0: the n draws of a prompt share its distribution: n draws with
-            # replacement from each prompt's row are n independent samples.
-            logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)  # [P, V]
-            nxt = draw(logp, n, gen)  # [P, n]
-            lp = logp.gather(1, nxt).reshape(-1)
-            nxt = nxt.reshape(-1)  # [P*n], grouped prompt by prompt
-            cache.batch_repeat_interleave(n)
-            attention_l = attention_l.repeat_interleave(n, dim=0)
-            pos = positions[:, -1:].to(dev).repeat_interleave(n, dim=0)  # [P*n, 1]
-            alive = torch.arange(P * n, device=dev)  # rows of the output each live row fills
-            for t in range(budget):
-                if t > 0:
-                    logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
-                    nxt = draw(logp, 1, gen).squeeze(1)
-                    lp = logp.gather(1, nxt[:, None]).squeeze(1)
-                tokens[alive, t] = nxt
-                logps[alive, t] = lp
-                stop = torch.isin(nxt, eos)
-                if t == budget - 1:
-                    break
-                if not self._drop_finished:
-                    stop = stop & (out_len[alive] == budget)  # only rows not stopped before
-                    out_len[alive[stop]] = t + 1
-                    if bool((out_len < budget).all()):
+                # Step 0: the n draws of a prompt share its distribution: n draws with
+                # replacement from each prompt's row are n independent samples.
+                logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)  # [P, V]
+                nxt = draw(logp, n, gen)  # [P, n]
+                lp = logp.gather(1, nxt).reshape(-1)
+                nxt = nxt.reshape(-1)  # [P*n], grouped prompt by prompt
+                cache.batch_repeat_interleave(n)
+                attention_l = attention_l.repeat_interleave(n, dim=0)
+                pos = positions[:, -1:].to(dev).repeat_interleave(n, dim=0)  # [P*n, 1]
+                alive = torch.arange(P * n, device=dev)  # rows of the output each live row fills
+                for t in range(budget):
+                    if t > 0:
+                        logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+                        nxt = draw(logp, 1, gen).squeeze(1)
+                        lp = logp.gather(1, nxt[:, None]).squeeze(1)
+                    tokens[alive, t] = nxt
+                    logps[alive, t] = lp
+                    stop = torch.isin(nxt, eos)
+                    if t == budget - 1:
                         break
-                elif bool(stop.any()):
-                    out_len[alive[stop]] = t + 1
-                    keep = (~stop).nonzero().squeeze(1)
-                    if keep.numel() == 0:
-                        break
-                    # Finished rows leave the batch, cache rows included.
-                    alive, nxt, pos = alive[keep], nxt[keep], pos[keep]
-                    attention_l = attention_l[keep]
-                    cache.batch_select_indices(keep)
-                attention_l = torch.cat([attention_l, attention_l.new_ones(len(alive), 1)], 1)
-                pos = pos + 1
-                # sdpa: the one-query mask as transformers would build it ([live, 1, 1, K],
-                # True = attend), handed over ready-made instead of rebuilt from the 2D one.
-                mask = attention_l[:, None, None, :].bool() if self._sdpa else attention_l
-                with self._autocast():
+                    if not self._drop_finished:
+                        stop = stop & (out_len[alive] == budget)  # only rows not stopped before
+                        out_len[alive[stop]] = t + 1
+                        if bool((out_len < budget).all()):
+                            break
+                    elif bool(stop.any()):
+                        out_len[alive[stop]] = t + 1
+                        keep = (~stop).nonzero().squeeze(1)
+                        if keep.numel() == 0:
+                            break
+                        # Finished rows leave the batch, cache rows included.
+                        alive, nxt, pos = alive[keep], nxt[keep], pos[keep]
+                        attention_l = attention_l[keep]
+                        cache.batch_select_indices(keep)
+                    attention_l = torch.cat([attention_l, attention_l.new_ones(len(alive), 1)], 1)
+                    pos = pos + 1
+                    # sdpa: the one-query mask as transformers would build it ([live, 1, 1, K],
+                    # True = attend), handed over ready-made instead of rebuilt from the 2D one.
+                    mask = attention_l[:, None, None, :].bool() if self._sdpa else attention_l
                     logits = self.model(
                         input_ids=nxt[:, None],
                         attention_mask=mask,
