@@ -21,8 +21,9 @@ import math
 import torch
 from torch import Tensor
 
+from dapo_core.algo.losses import MAX_LOG_RATIO, k3
+
 MODES: tuple[str, ...] = ("none", "tis", "mis")
-_MAX_LOG = 20.0  # as in losses: exp() of a clamped log-ratio stays finite
 
 
 def rollout_correction(
@@ -44,11 +45,9 @@ def rollout_correction(
         raise ValueError(f"cap={cap}: must be a finite number > 1")
     m = mask.bool()
     log_rho = torch.where(m, old_logprobs - sampler_logprobs, torch.zeros_like(old_logprobs))
-    log_rho = log_rho.clamp(-_MAX_LOG, _MAX_LOG)
+    log_rho = log_rho.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     rho = torch.exp(log_rho)  # [B, T] π_old / π_sampler
-    # ρ − log ρ − 1 as expm1(log ρ) − log ρ: expm1(x) rounds to no less than x, so the estimate
-    # is ≥ 0 in floating point too, where exp(x) − x − 1 can come out a rounding error below 0.
-    k3 = torch.expm1(log_rho) - log_rho
+    kl = k3(log_rho)  # 0 outside the mask, like log_rho
     log_cap = math.log(cap)
     weights: Tensor | None = None
     new_mask = mask
@@ -63,8 +62,8 @@ def rollout_correction(
         touched = torch.zeros_like(m)
     sums = {
         "mismatch_tokens": float(m.sum()),
-        "mismatch_abs": float(torch.where(m, log_rho.abs(), torch.zeros_like(rho)).sum()),
-        "mismatch_k3": float(torch.where(m, k3, torch.zeros_like(rho)).sum()),
+        "mismatch_abs": float(log_rho.abs().sum()),
+        "mismatch_k3": float(kl.sum()),
         "is_masked": float(touched.sum()),
     }
     return weights, new_mask, sums

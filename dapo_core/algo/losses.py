@@ -35,8 +35,6 @@ from torch import Tensor
 
 from dapo_core import metric_names as M
 
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
 
 @dataclass(frozen=True)
 class Aggregation:
@@ -73,6 +71,9 @@ AGGREGATIONS: dict[str, Aggregation] = {
 }
 
 
+AGG_MODES: tuple[str, ...] = tuple(AGGREGATIONS)
+
+
 def get_aggregation(name: str) -> Aggregation:
     try:
         return AGGREGATIONS[name]
@@ -83,7 +84,16 @@ def get_aggregation(name: str) -> Aggregation:
 # |log r| beyond this is a policy e^20 ≈ 5e8 times off its sampler; clamping keeps exp() finite,
 # since an inf there turns into a NaN gradient even where the clip selects the other branch.
 # (verl clamps at the same bound.)
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
+
+
+def k3(log_rho: Tensor) -> Tensor:
+    """Schulman's k3 estimate of a KL divergence per token, ρ − log ρ − 1 ≥ 0, from log ρ.
+
+    Computed as expm1(log ρ) − log ρ: expm1(x) rounds to no less than x, so the estimate stays
+    ≥ 0 in floating point too, where exp(x) − x − 1 can come out a rounding error below 0."""
+    return torch.expm1(log_rho) - log_rho
+
 
 Count = int | float | Tensor
 
@@ -252,7 +262,7 @@ def vanilla_loss(
 
     As verl's `compute_policy_loss_vanilla` (log r clamped to ±20). Shapes `[B, T]`.
     """
-    ratio = torch.exp(_token_log_ratio(logprobs, old, mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    ratio = torch.exp(_token_log_ratio(logprobs, old, mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     loss = clipped_surrogate(ratio, adv, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
     r = ratio.detach()
     dual = (adv < 0) & (r > clip_c) if clip_c is not None else torch.zeros_like(mask)
@@ -316,7 +326,7 @@ def cispo_loss(
     the sign of A, so `clip_high` / `clip_low` mark r > 1 + ε_high / r < 1 − ε_low on every token
     (verl's clip fraction counts r ≠ clip(r)). Shapes `[B, T]`.
     """
-    ratio = torch.exp(_token_log_ratio(logprobs, old, mask).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    ratio = torch.exp(_token_log_ratio(logprobs, old, mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
     loss = -weight * adv * logprobs
     r = ratio.detach()
@@ -436,11 +446,18 @@ def policy_loss(
     loss = aggregate(per_token, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
 
     with torch.no_grad():
-        n = float(m.sum())
-        n_high = float((tl.clip_high & m).sum())
-        n_low = float((tl.clip_low & m).sum())
-        n_dual = float((tl.clip_dual & m).sum())
-        sum_kl = float(torch.where(m, old - logprobs.detach(), torch.zeros_like(old)).sum())
+        # One device-to-host copy for all of them: the update calls this per micro-batch.
+        sums = torch.stack(
+            [
+                m.sum().double(),
+                (tl.clip_high & m).sum().double(),
+                (tl.clip_low & m).sum().double(),
+                (tl.clip_dual & m).sum().double(),
+                torch.where(m, old - logprobs.detach(), torch.zeros_like(old)).sum().double(),
+                loss.detach().double(),
+            ]
+        )
+        n, n_high, n_low, n_dual, sum_kl, loss_value = sums.tolist()
 
     def frac(x: float) -> float:
         return x / n if n > 0 else float("nan")
@@ -450,7 +467,7 @@ def policy_loss(
         M.CLIP_RATIO_LOW: frac(n_low),
         M.CLIP_RATIO_DUAL: frac(n_dual),
         M.APPROX_KL: frac(sum_kl),
-        M.POLICY_LOSS: float(loss.detach()),
+        M.POLICY_LOSS: loss_value,
         "_n_tokens": n,
         "_n_clip_high": n_high,
         "_n_clip_low": n_low,
@@ -508,6 +525,5 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
     if kind == "k2":
         return 0.5 * log_rho.square()
     if kind == "k3":
-        log_rho = log_rho.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return torch.exp(log_rho) - log_rho - 1.0
+        return k3(log_rho.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     raise ValueError(f"kind={kind!r}: use 'k1', 'k2' or 'k3'")

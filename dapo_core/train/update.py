@@ -61,7 +61,7 @@ class Counts:
     clip_low: float = 0.0
     clip_dual: float = 0.0
     sum_kl: float = 0.0  # Σ (old − new) log-prob: k1 of KL(old ‖ new)
-    entropy_sum: float = 0.0  # Σ entropy of the loss tokens (under the current policy)
+    entropy_sum: float = 0.0  # Σ entropy of the loss tokens; counted on the filled pass only
     seq_tokens: float = 0.0  # prompt + response tokens through forward + backward
 
     def add(self, other: Counts) -> None:
@@ -449,7 +449,8 @@ class Updater:
                 clip_low=st["_n_clip_low"],
                 clip_dual=st["_n_clip_dual"],
                 sum_kl=st["_sum_kl"],
-                entropy_sum=float((ent.detach() * loss_mask).sum()),
+                # Read only where this pass stands in for the old-log-prob pass (see run).
+                entropy_sum=float((ent.detach() * loss_mask).sum()) if fill else 0.0,
                 seq_tokens=float(packed.tokens),
             )
         )
