@@ -44,7 +44,6 @@ from db.transactions import (
     is_transient,
     outage_budget,
     outage_wait,
-    retrying,
 )
 
 MAX_NAME = 200  # metrics.name and evaluations.dataset are VARCHAR(200)
@@ -118,9 +117,9 @@ class _SpillFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._writes: deque[Write] | None = None
         self.count = 0
         self._read_at = 0  # byte offset of the next unread line
+        self._next: tuple[Write, int] | None = None  # the head, parsed, and the offset after it
         if path.exists():
             offsets = [offset for _, offset in self._lines(0)]
             self.count = len(offsets)
@@ -149,15 +148,16 @@ class _SpillFile:
         self.count += len(writes)
 
     def head(self) -> Write | None:
-        for write, _ in self._lines(self._read_at):
-            return write
-        return None
+        """The oldest unwritten write, read from the file once however often it is asked."""
+        if self._next is None:
+            self._next = next(iter(self._lines(self._read_at)), None)
+        return None if self._next is None else self._next[0]
 
     def pop(self) -> None:
-        for _, offset in self._lines(self._read_at):
-            self._read_at = offset
+        self.head()
+        if self._next is not None:
+            self._read_at, self._next = self._next[1], None
             self.count -= 1
-            break
         else:  # nothing left to read, whatever the count said
             self.count = 0
         if self.count <= 0:
@@ -380,15 +380,14 @@ class SqlSink:
     def _check_budget(self, now: float) -> None:
         if self._outage_since is None or now - self._outage_since <= self.outage_s:
             return
+        if self._spill is not None and self._memory:
+            self._spill.append(list(self._memory))  # keep what memory holds too
+            self._memory.clear()
         kept = (
             f"; {self.pending} write(s) not yet in it are kept in {self._spill.path}"
             if self._spill is not None and self._spill.count
             else f"; {self.pending} write(s) not yet in it are lost"
         )
-        if self._spill is not None and self._memory:
-            self._spill.append(list(self._memory))  # keep what memory holds too
-            self._memory.clear()
-            kept = f"; {self.pending} write(s) not yet in it are kept in {self._spill.path}"
         raise StoreUnavailable(
             f"the store {self.where} has been unreachable for more than {self.outage_s:g} s "
             f"({self._last_error}): run {self.run_id} stops{kept}"
@@ -432,22 +431,26 @@ class SqlSink:
         """Run `work` in one write transaction on the sink's own connection.
 
         The sink keeps one connection for its life (no pool checkout, ping and reset per step:
-        a step costs one transaction, nothing more). A connection the server dropped is
-        replaced on the next write; lock errors are retried here (db.transactions), outages
-        go back to the queue.
+        a step costs one transaction, nothing more). A connection the server dropped (a
+        restart between two steps) is replaced and the write tried again at once; only a
+        fresh connection failing too is an outage, whose writes go back to the queue. A lock
+        held by another writer is not retried here: the engine's busy timeout is the wait, and
+        past it the write is queued like any outage's, so that the trainer never waits on
+        retries (the queue is the sink's retry).
         """
 
-        def transaction() -> None:
+        for fresh in (False, True):
             conn = self._connection()
             try:
                 with conn.begin():
                     work(conn)
+                return
             except sa.exc.DBAPIError as error:
-                if error.connection_invalidated:
-                    self._drop_connection()
-                raise
-
-        retrying(transaction)
+                if not error.connection_invalidated:
+                    raise
+                self._drop_connection()
+                if fresh:
+                    raise
 
     def _connection(self) -> sa.Connection:
         if self._conn is None or self._conn.closed or self._conn.invalidated:

@@ -104,6 +104,7 @@ def pg_urls(proxy: TcpProxy, request: pytest.FixtureRequest) -> Iterator[tuple[s
 
     direct: str = request.getfixturevalue("pg_schemas")()
     through = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
+    assert through != direct  # the writes under test really go through the proxy
     Store(direct)  # created directly, so the outage never meets a half-made schema
     yield direct, through
     db_engine.dispose(through)
@@ -120,16 +121,34 @@ def test_a_postgres_outage_loses_and_duplicates_nothing(
         if step == 10:
             proxy.stop()  # connections cut mid-run; about 1.5 s of steps go by without a store
         if step == 20:
+            assert sink.pending > 0  # the outage was real: writes are waiting for the store
             proxy.start()
         t0 = time.monotonic()
         log_step(sink, step)
         slowest = max(slowest, time.monotonic() - t0)
-        time.sleep(0.15)
+        time.sleep(0.15)  # a step's training time, during which the store stays down
     sink.close()
     assert sink.pending == 0
     assert slowest < 1.0, f"a step waited {slowest:.1f} s for the store"  # training went on
     assert_every_step_once(direct, run_id, range(1, 31))
     assert not list(tmp_path.iterdir())  # nothing was spilled, nothing is left
+
+
+def test_a_connection_dropped_between_steps_is_replaced_not_queued(
+    proxy: TcpProxy, pg_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    """A server restart between two steps leaves the sink's held connection dead: the next
+    write takes a fresh one at once instead of queueing as if the store were down."""
+    direct, through = pg_urls
+    store, run_id = new_run(through, outage_s=60)
+    sink = store.sink(run_id, spill_dir=tmp_path)
+    log_step(sink, 1)
+    proxy.stop()  # cuts the held connection, as a restart does ...
+    proxy.start()  # ... and the server is back before the next step
+    log_step(sink, 2)
+    assert sink.pending == 0  # written at once: no outage, no back-off
+    sink.close()
+    assert_every_step_once(direct, run_id, range(1, 3))
 
 
 def test_a_long_outage_spills_to_the_run_directory_then_writes_it_back(
@@ -190,8 +209,10 @@ def test_store_calls_wait_out_a_short_outage(proxy: TcpProxy, pg_urls: tuple[str
     direct, through = pg_urls
     store, run_id = new_run(through, outage_s=30)
     proxy.stop()
-    threading.Timer(1.5, proxy.start).start()
+    restart = threading.Timer(1.5, proxy.start)
+    restart.start()
     store.update_run(run_id, status="completed", steps=3)
+    restart.join()
     assert Store(direct).get_run(run_id)["status"] == "completed"
     proxy.stop()
     with pytest.raises(StoreUnavailable) as caught:
@@ -218,6 +239,7 @@ def test_a_sqlite_store_locked_for_seconds_loses_and_duplicates_nothing(tmp_path
     spill_dir = tmp_path / "run"
     sink = SqlSink(engine, run_id, where=url, spill_dir=spill_dir, outage_s=60)
     locker = None
+    slowest, held_back = 0.0, 0
     try:
         for step in range(1, 31):
             if step == 5:
@@ -227,14 +249,20 @@ def test_a_sqlite_store_locked_for_seconds_loses_and_duplicates_nothing(tmp_path
                     text=True,
                 )
                 assert locker.stdout is not None and locker.stdout.readline().strip() == "LOCKED"
+            t0 = time.monotonic()
             log_step(sink, step)
-            time.sleep(0.2)
+            slowest = max(slowest, time.monotonic() - t0)
+            if locker is not None and locker.poll() is None:
+                held_back = max(held_back, sink.pending)
+            time.sleep(0.2)  # a step's training time
         assert locker is not None and locker.wait(timeout=30) == 0
         sink.close()
     finally:
         if locker is not None and locker.poll() is None:
             locker.kill()
         engine.dispose()
+    assert held_back > 0  # the lock was an outage to the sink: it queued while locked out ...
+    assert slowest < 1.0, f"a step waited {slowest:.1f} s for the lock"  # ... and did not wait
     assert_every_step_once(url, run_id, range(1, 31))
 
 
