@@ -27,8 +27,8 @@ def _child(
     import torch
     from torch import nn
 
+    from dapo_core.setup.plan import auto_chunk_size
     from dapo_core.train.logprobs import (
-        auto_chunk_size,
         linear_logprobs_and_entropy,
         naive_logprobs_and_entropy,
     )

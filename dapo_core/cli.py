@@ -15,9 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.setup.arms import ARM_NAMES
-from dapo_core.setup.config import ExperimentConfig, flatten
+from dapo_core.setup.config import ExperimentConfig, flatten, is_local_path
 from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, resolve_ladder
 from dapo_core.setup.presets import PRESETS
+
+# What bad input, a missing or unwritable path, or a store that stayed down raise: shown as
+# their one line and exit code 2 (by the dispatcher, and from a Ray actor by the flows).
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    ConnectionError,
+    TimeoutError,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -363,8 +374,7 @@ def default_out_dir(cfg: ExperimentConfig) -> Path:
 
 def _check_model_path(name: str) -> None:
     """A value that looks like a path must exist (a hub name has one slash and no dot prefix)."""
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
-    if name != "tiny" and looks_local and not Path(name).expanduser().exists():
+    if name != "tiny" and is_local_path(name) and not Path(name).expanduser().exists():
         raise FileNotFoundError(f"model path {name} does not exist")
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_core.data import synthetic
-from dapo_core.setup.config import ModelConfig
+from dapo_core.setup.config import ModelConfig, is_local_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -64,18 +64,13 @@ def load_policy(
         path = tiny_model_dir(model_cfg)
     else:
         path = Path(name).expanduser()
-        if _looks_local(name) and not path.exists():
+        if is_local_path(name) and not path.exists():
             raise FileNotFoundError(f"model path {name} does not exist")
     model, tokenizer = _from_pretrained(
         str(path) if path.exists() else name, dtype or model_cfg.dtype
     )
     model.to(torch.device(device))  # type: ignore[arg-type]
     return model, tokenizer
-
-
-def _looks_local(name: str) -> bool:
-    # A hub id is `org/name` (one slash); anything else with a slash or a path prefix is a path.
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
 @contextlib.contextmanager

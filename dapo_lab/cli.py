@@ -14,17 +14,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from dapo_core.cli import USER_ERRORS
+
 # (module, what it provides) in the order `dapo --help` lists them.
 _REGISTRARS: tuple[str, ...] = ("dapo_core.cli", "flows.commands", "db.cli", "dashboard.cli")
 
-_USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    FileNotFoundError,
-    NotADirectoryError,
-    PermissionError,
-    ConnectionError,
-    TimeoutError,
-)
 
 DESCRIPTION = """\
 DAPO Lab: run the DAPO ablation ladder (GRPO → +overlong filter → +clip-higher → +soft overlong
@@ -71,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except _USER_ERRORS as exc:
+    except USER_ERRORS as exc:
         if os.environ.get("DAPO_DEBUG"):
             raise
         from db.errors import first_line

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dapo_core.setup.config import ExperimentConfig, flatten
+from dapo_core.setup.config import ExperimentConfig, flatten, is_local_path
 from db import errors
 from flows.params import Resources, SweepParams
 
@@ -135,12 +135,9 @@ def check_local_paths(config: Mapping[str, Any]) -> None:
 
 
 def looks_like_path(value: str) -> bool:
-    # A hub id is `org/name` (one slash); a data set name has no slash and no file suffix.
-    return (
-        value.startswith((".", "/", "~"))
-        or value.count("/") > 1
-        or value.endswith((".jsonl", ".json", ".parquet"))
-    )
+    """A model or data value that names a local file: a path (see is_local_path), or a data
+    file by its suffix (a data set name has none)."""
+    return is_local_path(value) or value.endswith((".jsonl", ".json", ".parquet"))
 
 
 def concurrency(cluster: Mapping[str, float], resources: Resources, n_jobs: int) -> int:

@@ -78,15 +78,6 @@ PROGRESS_POLL_S = 1.0
 # After a rank fails only because a peer vanished (its collective saw the connection close),
 # how long to wait for Ray to report which actor died before calling the try lost anyway.
 PEER_LOSS_GRACE_S = 30.0
-# A rank's error that only says another rank went away: the cause is elsewhere.
-PEER_GONE = (
-    "Connection closed by peer",
-    "Connection reset",
-    "Broken pipe",
-    "Connection refused",
-    "timed out",
-    "Timeout",
-)
 
 
 class ActorLost(RuntimeError):
@@ -264,11 +255,9 @@ class ArmTrainer:
         owner: dict[str, Any],
     ) -> dict[str, Any]:
         from dapo_core.setup.config import ExperimentConfig
-        from dapo_core.train.run_dir import latest_step
         from dapo_core.train.runner import train
 
         cfg = ExperimentConfig.from_dict(config)
-        resumed_from = latest_step(out_dir)
         self._progress, self._run_id = None, run_id
         # The sink spills what a store outage holds back into the run directory.
         sink = open_sink(store_url, run_id, out_dir)
@@ -285,13 +274,7 @@ class ArmTrainer:
             sink.close()
             self._run_id = None
         # Where it ran at the end: a restarted actor (max_restarts) may be on another node.
-        return {
-            **_result_dict(result),
-            "resumed_from": resumed_from,
-            "host": cluster.describe([cluster.here()]),
-            "threads": self._threads,
-            "workers": 1,
-        }
+        return {**_result_dict(result), "host": cluster.describe([cluster.here()])}
 
     def train_rank(
         self,
@@ -306,13 +289,11 @@ class ArmTrainer:
         gpu: bool,
     ) -> dict[str, Any]:
         """Rank `rank` of `world_size` (see the module docstring); every rank returns the same
-        result, rank 0's carries what it resumed from."""
+        result."""
         from dapo_core.train.distributed import train_worker
-        from dapo_core.train.run_dir import latest_step
 
         # Rank 0 speaks for the job; the other ranks' warnings would repeat its own.
         logging.getLogger().setLevel(logging.WARNING if rank == 0 else logging.ERROR)
-        resumed_from = latest_step(out_dir) if rank == 0 else None
         result = train_worker(
             rank,
             world_size,
@@ -327,12 +308,7 @@ class ArmTrainer:
             local_rank=0 if gpu else None,
             num_threads=self._threads,
         )
-        return {
-            **_result_dict(result),
-            "resumed_from": resumed_from,
-            "threads": self._threads,
-            "workers": world_size,
-        }
+        return _result_dict(result)
 
     def evaluate(
         self, config: dict[str, Any], checkpoint: str, store_url: str, run_id: int
@@ -573,7 +549,7 @@ def run_group(
             for rank, actor in enumerate(actors)
         ]
         results = _wait_group(actors, calls, places, on_progress)
-        return {**results[0], "host": cluster.describe(places), "nodes": places}
+        return {**results[0], "host": cluster.describe(places)}
     finally:
         for actor in actors:  # the survivors of a failed rank would wait in a collective
             with contextlib.suppress(Exception):
@@ -638,10 +614,12 @@ def _wait(
 
 def _task_error(exc: Any) -> Exception:
     """What a RayTaskError (train() raised in the actor) becomes here."""
+    from dapo_core.cli import USER_ERRORS
+
     cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-    if isinstance(cause, ValueError | FileNotFoundError | ConnectionError):
-        # A user mistake (bad data file, bad model path, a directory of another run) or a
-        # store that stayed down: keep its class and its one line.
+    if isinstance(cause, USER_ERRORS):
+        # A user mistake (bad data file, bad model path, a directory of another run or one
+        # that cannot be written) or a store that stayed down: keep its class and its line.
         try:
             mistake = type(cause)(str(cause))
         except TypeError:
@@ -653,8 +631,9 @@ def _task_error(exc: Any) -> Exception:
 
 def _peer_gone(exc: BaseException) -> bool:
     """A rank's error that only says that another rank went away (its collective broke)."""
-    text = str(getattr(exc, "cause", None) or exc)
-    return any(marker in text for marker in PEER_GONE)
+    from dapo_core.train.distributed import is_peer_gone
+
+    return is_peer_gone(str(getattr(exc, "cause", None) or exc))
 
 
 def _wait_group(

@@ -27,7 +27,7 @@ from transformers import LlamaForCausalLM
 from dapo_core.engines.hf import HFEngine
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import Seq
-from dapo_core.train.collective import LOCAL, Collective, TorchCollective, full_tensor
+from dapo_core.train.collective import LOCAL, Collective, TorchCollective, full_tensor, shard
 from dapo_core.train.distributed import free_port, push_weights, rollout_copy, shard_policy
 from dapo_core.train.policy import PolicyForward, compute_dtype
 from dapo_core.train.update import Updater, make_optimizer
@@ -199,8 +199,9 @@ def test_the_batch_splits_unevenly() -> None:
     seqs = make_batch()
     kept = [s for s in seqs if not s.truncated]
     assert len(kept) == 7 and len({s.length for s in seqs}) > 5
-    assert [len(kept[r::2]) for r in range(2)] == [4, 3]
-    assert [len(kept[r::3]) for r in range(3)] == [3, 2, 2]
+    # The update's own split (collective.shard): uneven rows per rank on 2 and 3 workers.
+    assert [len(shard(kept, r, 2)) for r in range(2)] == [4, 3]
+    assert [len(shard(kept, r, 3)) for r in range(3)] == [3, 2, 2]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -247,3 +248,24 @@ def test_bf16_on_n_workers_trains_float32_masters_and_feeds_the_engine(
     assert float((g_got - g_want).norm() / g_want.norm()) < 5e-2
     # The rollout copy holds exactly the new masters cast to bfloat16, its tie intact.
     assert got["synced"] is True
+
+
+def test_a_peers_departure_is_told_from_a_ranks_own_error() -> None:
+    """One classification for the local launcher and the Ray workers: gloo's messages when
+    another rank went away (any case), not a rank's own failure."""
+    from dapo_core.train.distributed import is_peer_gone
+
+    for gone in (
+        "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242",
+        "Connection reset by peer",
+        "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv",
+        "Broken pipe",
+    ):
+        assert is_peer_gone(gone), gone
+    for own in (
+        "ValueError: data file bad.jsonl row 3: not JSON",
+        "the store sqlite:///x.db has been unreachable for more than 300 s",
+        "ReadTimeout: HTTPSConnectionPool(host='huggingface.co')",
+        "CUDA out of memory",
+    ):
+        assert not is_peer_gone(own), own

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_core.setup.config import ModelConfig
+from dapo_core.setup.config import ModelConfig, is_local_path
 
 
 @dataclass(frozen=True)
@@ -172,18 +172,13 @@ for _key, _sizes in _QWEN25.items():
         KNOWN[_name] = _qwen2(_name, **_sizes)
 
 
-def known_names() -> list[str]:
-    return sorted(KNOWN)
-
-
 def resolve_architecture(model: ModelConfig) -> Architecture:
     """The architecture of `model.name_or_path` (see the module docstring for the order)."""
     name = model.name_or_path
     if name == "tiny":
         return tiny_architecture(model)
     path = Path(name).expanduser()
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local and not path.exists():
+    if is_local_path(name) and not path.exists():
         raise FileNotFoundError(f"model path {name} does not exist")
     if path.is_dir():
         config = path / "config.json"
@@ -269,7 +264,7 @@ def from_config_dict(data: dict[str, Any], name: str, source: str = "") -> Archi
 
 def _hub_cached_config(name: str) -> Path | None:
     """config.json of a hub name from the local Hugging Face cache, without the network."""
-    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+    if is_local_path(name) or "/" not in name:  # only an `org/name` hub id is cached
         return None
     try:
         from huggingface_hub import try_to_load_from_cache

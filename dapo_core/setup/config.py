@@ -43,6 +43,12 @@ def _check_finite(section: object, name: str) -> None:
                 raise ConfigError(f"{name}.{f.name}={value}: must be a finite number")
 
 
+def is_local_path(name: str) -> bool:
+    """Whether a model name is a local path rather than a hub id: a hub id is `org/name` (one
+    slash, no path prefix); anything with a path prefix or more slashes is a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name_or_path: str = "tiny"

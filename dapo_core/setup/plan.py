@@ -73,7 +73,15 @@ VLLM_OVERHEAD_GIB = 2.0
 """vLLM's share that is not KV cache or weights: its profiling run's activations, CUDA graphs,
 sampler buffers (an estimate)."""
 CHUNK_LOGITS = 1 << 24
-"""dapo_core.train.logprobs.CHUNK_LOGITS (a test keeps the two equal)."""
+"""Logits per chunk of the log-prob head (dapo_core.train.logprobs computes in chunks of
+auto_chunk_size tokens)."""
+
+
+def auto_chunk_size(vocab_size: int) -> int:
+    """Tokens per chunk so that one chunk's logits hold about CHUNK_LOGITS values."""
+    return max(16, min(4096, CHUNK_LOGITS // max(vocab_size, 1)))
+
+
 HF_MAX_BATCH_SEQS = 512
 """HFEngine's default max_batch_seqs: sequences per generate call (a test keeps them equal)."""
 
@@ -108,11 +116,6 @@ class Plan:
     regime: str
     """`fp32`, `autocast` (one worker: fp32 masters, autocast) or `fsdp` (FSDP2 mixed precision)."""
     items: tuple[Item, ...]
-    activations: Activations
-    activations_other: Activations
-    """The same micro-batch with gradient checkpointing the other way round."""
-    checkpointing: bool
-    engine: str
     kv_tokens: float = 0.0
     """vLLM: tokens its KV cache holds (0 for the hf engine)."""
     seq_len: int = 0
@@ -228,10 +231,6 @@ class Activations:
         """The decoder's own footprint (saved + a layer's backward): the with/without figure."""
         return self.saved + self.layer_backward
 
-    @property
-    def peak(self) -> float:
-        return self.saved + self.head_saved + max(self.head_transient, self.layer_backward)
-
 
 def activations(
     a: Architecture,
@@ -269,7 +268,7 @@ def activations(
     # The chunked head (dapo_core.train.logprobs). Hidden states reach it in float32 unless FSDP
     # casts the weights; the weight it sees is the float32 master on one worker.
     zb = wb = c if regime_ == "fsdp" else 4
-    chunk = min(n_resp, max(16, min(4096, CHUNK_LOGITS // max(a.vocab, 1))))
+    chunk = min(n_resp, auto_chunk_size(a.vocab))
     vh = a.vocab * a.hidden
     logits = chunk * a.vocab
     # Forward: the chunk's float32 logits, turned into log p in place, and exp(log p) for the
@@ -413,9 +412,7 @@ def plan_memory(
             f"off: {_g(acts[False].decoder)} GiB)",
         )
     )
-    chunk = min(
-        seqs * cfg.rollout.max_response_len, max(16, min(4096, CHUNK_LOGITS // max(a.vocab, 1)))
-    )
+    chunk = min(seqs * cfg.rollout.max_response_len, auto_chunk_size(a.vocab))
     items.append(
         Item(
             "head",
@@ -554,10 +551,6 @@ def plan_memory(
         device=device,
         regime=reg,
         items=tuple(items),
-        activations=act,
-        activations_other=acts[not use_ckpt],
-        checkpointing=use_ckpt,
-        engine=cfg.rollout.engine,
         kv_tokens=kv_tokens,
         seq_len=seq_len,
     )

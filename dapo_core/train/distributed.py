@@ -604,6 +604,23 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+# What a rank's collective says when another rank went away (its connection closed, reset or
+# refused, a receive timed out): the cause is elsewhere. Lower case, matched case-blind.
+PEER_GONE = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+)
+
+
+def is_peer_gone(message: str) -> bool:
+    """Whether a rank's error only says that another rank went away."""
+    text = message.lower()
+    return any(marker in text for marker in PEER_GONE)
+
+
 def _worker_error(report: Path, workers: int) -> Exception:
     """The exception to raise for a failed job: the first rank's own error, not the connection
     errors the other ranks saw when it left."""
@@ -618,8 +635,7 @@ def _worker_error(report: Path, workers: int) -> Exception:
             errors.append((r, json.loads(path.read_text())))
     if not errors:
         return RuntimeError(f"a worker of {workers} died without a word (killed? out of memory?)")
-    secondary = ("Connection closed by peer", "Connection reset", "Broken pipe", "timed out")
-    errors.sort(key=lambda e: any(s in e[1]["message"] for s in secondary))
+    errors.sort(key=lambda e: is_peer_gone(e[1]["message"]))
     rank, err = errors[0]
     known: dict[str, type[Exception]] = {
         "ValueError": ValueError,

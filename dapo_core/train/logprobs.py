@@ -22,15 +22,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from dapo_core.setup.plan import auto_chunk_size
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-CHUNK_LOGITS = 1 << 24  # logits per chunk when chunk_size is None
-
-
-def auto_chunk_size(vocab_size: int) -> int:
-    """Tokens per chunk so that one chunk's logits hold about CHUNK_LOGITS values."""
-    return max(16, min(4096, CHUNK_LOGITS // max(vocab_size, 1)))
 
 
 class _ChunkedLinearLogprob(torch.autograd.Function):
