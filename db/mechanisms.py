@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 from db import stats
 
 # The table's own aligned-text and Markdown writers: one look for both tables.
-from db.table_format import MISSING, SIGNIFICANT, _aligned, _escape, _markdown
+from db.table_format import (
+    FORMATS,
+    MISSING,
+    SIGNIFICANT,
+    _aligned,
+    _escape,
+    _markdown,
+    _missing,
+    estimate_text,
+)
 
 if TYPE_CHECKING:  # pandas is imported by the caller
     import pandas as pd
@@ -143,10 +152,6 @@ def focus_metrics(changes: Iterable[str]) -> tuple[str, ...]:
 # --- as text ----------------------------------------------------------------------------------
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def scale(metric: str) -> float:
     """100 for a fraction (shown in percent), 1 otherwise."""
     return 100.0 if metric in PERCENT else 1.0
@@ -166,24 +171,14 @@ def _decimals(value: float) -> int:
 
 
 def value_text(estimate: stats.Estimate | None, metric: str, *, signed: bool = False) -> str:
-    """A mean over seeds in the metric's unit with its 95% interval: '13.5 [7.1, 19.9]'; a
-    difference gets ' *' when its interval excludes 0; one seed: '(n=1, no interval)'; no
-    value (a metric the runs did not log): '—'."""
+    """table_format.estimate_text in the metric's own unit and precision: '13.5 [7.1, 19.9]',
+    ' *' on a difference whose interval excludes 0, '(n=1, no interval)', '—'."""
     if estimate is None or estimate.n == 0 or _missing(estimate.mean):
         return MISSING
     k = scale(metric)
     places = _decimals(k * estimate.mean)
     sign = "+" if signed else ""
-
-    def num(x: float) -> str:
-        return f"{k * x:{sign}.{places}f}"
-
-    if not estimate.has_interval:
-        return f"{num(estimate.mean)} (n={estimate.n}, no interval)"
-    text = f"{num(estimate.mean)} [{num(estimate.low)}, {num(estimate.high)}]"
-    if signed and estimate.excludes_zero:
-        text += f" {SIGNIFICANT}"
-    return text
+    return estimate_text(estimate, signed=signed, number=lambda x: f"{k * x:{sign}.{places}f}")
 
 
 def metric_label(metric: str) -> str:
@@ -296,8 +291,8 @@ def _csv(table: pd.DataFrame) -> str:
 def render(table: pd.DataFrame, fmt: str = "text", *, focus_only: bool = False) -> str:
     """The mechanism table as text (aligned columns), Markdown or CSV; text and Markdown carry
     the caption. `focus_only`: only the metrics each arm's change is about."""
-    if fmt not in ("text", "csv", "markdown"):
-        raise ValueError(f"format must be one of text, csv, markdown, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "csv":
         return _csv(table)
     records = mechanism_records(table, focus_only=focus_only)

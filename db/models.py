@@ -16,6 +16,7 @@ migrations in db/migrations (a test checks that they match these models).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -29,6 +30,16 @@ RUN_STATUSES = ("running", "completed", "failed", "cancelled")
 # (resumes its checkpoint, or starts over): runs.superseded_by names the newer attempt.
 SUPERSEDED = "cancelled"
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+# Several attempts' statuses as one (an arm over its seeds, a sweep over its arms × seeds): the
+# first of these present wins, so "completed" only when every one is (never attempted: pending).
+STATUS_PRIORITY = ("running", "failed", "cancelled", "pending", "completed")
+
+
+def fold_status(statuses: Sequence[str | None]) -> str:
+    """One status for several (None: never attempted, counted as pending)."""
+    present = {s or "pending" for s in statuses}
+    return next((s for s in STATUS_PRIORITY if s in present), "pending")
+
 
 # Deterministic constraint names, so that migrations can refer to (and drop) them on both backends.
 NAMING = {

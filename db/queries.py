@@ -30,6 +30,7 @@ from db.models import (
     SAMPLE_FIELDS,
     SAMPLES,
     SWEEPS,
+    fold_status,
 )
 
 EvalKey = tuple[int, int]  # (run_id, step) of one evaluation
@@ -129,7 +130,6 @@ ATTEMPT_COLUMNS = [
     "checkpoint_dir",
 ]
 # How an arm's seeds fold into one status: the first that any seed has wins.
-STATUS_PRIORITY = ("running", "failed", "cancelled", "pending", "completed")
 _TIME_COLUMNS = ("created_at", "finished_at", "started_at", "updated_at")
 
 _sweeps, _runs, _metrics, _evaluations, _samples = SWEEPS, RUNS, METRICS, EVALUATIONS, SAMPLES
@@ -197,17 +197,22 @@ def sweep_details(engine: sa.Engine, sweep_id: int) -> dict[str, Any]:
     return out
 
 
-def list_sweeps(engine: sa.Engine) -> pd.DataFrame:
-    """Every sweep, newest first, with progress: runs_done counts the (arm, seed) pairs with a
-    completed attempt out of arms_total = arms × seeds. best_arm (and best_score, its mean) is
-    set only when the arm with the highest mean leads the runner-up significantly (paired 95%
-    interval over seeds above 0); `leader` is the stats.Leader behind it, for the headline."""
+def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
+    """Every sweep (or the one `sweep_id` names), newest first, with progress: runs_done counts
+    the (arm, seed) pairs with a completed attempt out of arms_total = arms × seeds. best_arm
+    (and best_score, its mean) is set only when the arm with the highest mean leads the
+    runner-up significantly (paired 95% interval over seeds above 0); `leader` is the
+    stats.Leader behind it, for the headline."""
     with engine.connect() as conn:
-        sweeps = conn.execute(sa.select(_sweeps).order_by(_sweeps.c.id.desc())).all()
+        select_sweeps, select_runs = sa.select(_sweeps), _run_select()
+        if sweep_id is not None:
+            select_sweeps = select_sweeps.where(_sweeps.c.id == int(sweep_id))
+            select_runs = select_runs.where(_runs.c.sweep_id == int(sweep_id))
+        sweeps = conn.execute(select_sweeps.order_by(_sweeps.c.id.desc())).all()
         if not sweeps:
             return _frame([], SWEEP_COLUMNS)
-        runs = _frame(conn.execute(_run_select()).all(), RUN_COLUMNS)
-        evals = _evaluation_frame(conn)
+        runs = _frame(conn.execute(select_runs).all(), RUN_COLUMNS)
+        evals = _evaluation_frame(conn, sweep_id)
     rows = []
     for sweep in sweeps:
         mine = runs[runs["sweep_id"] == sweep.id]
@@ -216,8 +221,7 @@ def list_sweeps(engine: sa.Engine) -> pd.DataFrame:
         done = done[done["status"] == "completed"]
         sweep_evals = evals[evals["run_id"].isin(mine["run_id"])]
         table = _ablation_rows(sweep, mine, sweep_evals, primary_evaluation(sweep_evals))
-        scores = {r["arm"]: dict(zip(r["seeds"], r["scores"], strict=True)) for r in table}
-        lead = stats.leader(scores)
+        lead = stats.leader_of_rows(table)
         rows.append(
             (
                 sweep.id,
@@ -426,13 +430,6 @@ def _mean_of(frame: pd.DataFrame, column: str) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def _fold_status(statuses: Sequence[str]) -> str:
-    for status in STATUS_PRIORITY:
-        if status in statuses:
-            return status
-    return "pending"
-
-
 def _same_problems(a: _SeedScore, b: _SeedScore) -> bool:
     """Two evaluations of one seed compare problem by problem only on the same eval set (the
     dataset and k are fixed by the table; a different problem count means a different set)."""
@@ -555,7 +552,7 @@ def _ablation_rows(
                 "grad_updates": _mean_of(counted, "grad_updates"),
                 "tokens": _mean_of(counted, "tokens"),
                 "wall_s": _mean_of(counted, "wall_s"),
-                "status": _fold_status([status_by_seed.get(s, "pending") for s in all_seeds]),
+                "status": fold_status([status_by_seed.get(s) for s in all_seeds]),
                 "runs_done": int((chosen["status"] == "completed").sum()),
                 "runs_total": len(all_seeds),
                 "run_ids": [int(r) for r in chosen["run_id"]],

@@ -23,9 +23,10 @@ a rerun with another seed, and is labelled so wherever it appears.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 LEVEL = 0.95
 OVER_SEEDS = "t over seeds"
@@ -248,3 +249,14 @@ def leader(scores: Mapping[str, Mapping[int, float]], *, level: float = LEVEL) -
         return Leader(best, best_mean, None, EMPTY)
     runner_up = ranked[1][0]
     return Leader(best, best_mean, runner_up, paired(scores[best], scores[runner_up], level=level))
+
+
+def leader_of_rows(rows: Iterable[Mapping[str, Any]]) -> Leader:
+    """stats.leader over ablation rows (each with `arm`, `seeds` and `scores`, the per-seed
+    final scores of the attempts behind it)."""
+    return leader(
+        {
+            str(row["arm"]): dict(zip(row["seeds"] or [], row["scores"] or [], strict=True))
+            for row in rows
+        }
+    )

@@ -29,6 +29,7 @@ from db.models import (
     SWEEP_STATUSES,
     SWEEPS,
     TERMINAL_STATUSES,
+    fold_status,
     utcnow,
 )
 from db.sink import SqlSink, jsonable, text, upsert
@@ -74,20 +75,12 @@ def sweep_status_of(
     Anything running → running; all completed → completed; else failed, cancelled, or (some
     never attempted, nothing running, nothing failed) pending.
     """
-    statuses = list(cells.values())
-    if any(s == "running" for s in statuses):
-        return "running", None
-    if statuses and all(s == "completed" for s in statuses):
-        return "completed", None
-    for status in ("failed", "cancelled"):
-        bad = sorted(f"{arm} s{seed}" for (arm, seed), s in cells.items() if s == status)
-        if bad:
-            more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-            return (
-                status,
-                f"{len(bad)} of {len(cells)} arm runs {status}: {', '.join(bad[:3])}{more}",
-            )
-    return "pending", None
+    status = fold_status(list(cells.values()))
+    if status not in ("failed", "cancelled"):
+        return status, None
+    bad = sorted(f"{arm} s{seed}" for (arm, seed), s in cells.items() if s == status)
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return status, f"{len(bad)} of {len(cells)} arm runs {status}: {', '.join(bad[:3])}{more}"
 
 
 class Store:

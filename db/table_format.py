@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from db import stats
@@ -59,18 +59,24 @@ def seed_list(table: pd.DataFrame) -> list[int]:
 
 
 def estimate_text(
-    estimate: stats.Estimate | None, *, signed: bool = False, n_expected: int | None = None
+    estimate: stats.Estimate | None,
+    *,
+    signed: bool = False,
+    n_expected: int | None = None,
+    number: Callable[[float], str] | None = None,
 ) -> str:
     """A mean and its 95% interval in percent: '43.0 [38.2, 47.8]'; a difference also gets
     ' *' when its interval excludes 0 ('+5.0 [+1.2, +8.8] *'). One value: '44.0 (n=1, no
     interval)', so a single seed never reads as a certain number. When fewer values went in
-    than the row has seeds (a difference over the seeds two arms share), '(n=2)' says so."""
+    than the row has seeds (a difference over the seeds two arms share), '(n=2)' says so.
+    `number` writes each value (default: a fraction in percent, signed when `signed`)."""
     if estimate is None or estimate.n == 0 or _missing(estimate.mean):
         return MISSING
-    value = pct(estimate.mean, signed)
+    num = number or (lambda x: pct(x, signed))
+    value = num(estimate.mean)
     if not estimate.has_interval:
         return f"{value} (n={estimate.n}, no interval)"
-    text = f"{value} [{pct(estimate.low, signed)}, {pct(estimate.high, signed)}]"
+    text = f"{value} [{num(estimate.low)}, {num(estimate.high)}]"
     if signed and estimate.excludes_zero:
         text += f" {SIGNIFICANT}"
     if n_expected is not None and estimate.n != n_expected:
@@ -129,11 +135,7 @@ def caption(table: pd.DataFrame, sweep: Mapping[str, Any] | None = None) -> str:
 def leader_of(table: pd.DataFrame) -> stats.Leader:
     """The arm with the highest mean final score and its lead over the runner-up, paired by
     seed (stats.leader over the table's per-seed scores)."""
-    scores = {
-        str(row["arm"]): dict(zip(row["seeds"] or [], row["scores"] or [], strict=True))
-        for row in table.to_dict("records")
-    }
-    return stats.leader(scores)
+    return stats.leader_of_rows(table.to_dict("records"))
 
 
 def headline(lead: stats.Leader) -> str:

@@ -16,8 +16,7 @@ if picked is None:
     st.stop()
 sweep_id: int = int(picked)  # named once more: the fragment below is a closure mypy can't narrow
 
-sweeps = queries.list_sweeps(engine)
-sweep = sweeps[sweeps["sweep_id"] == sweep_id].iloc[0]
+sweep = queries.sweep_details(engine, sweep_id)
 live = widgets.live_refresh(running=sweep["status"] == "running")
 
 
@@ -27,14 +26,14 @@ def ablation_body() -> None:
     if table.empty:
         st.info(f"Sweep {sweep_id} has no arms.")
         return
-    progress = queries.list_sweeps(engine).set_index("sweep_id").loc[sweep_id]
+    progress = queries.list_sweeps(engine, sweep_id).iloc[0]  # this sweep's only
     st.caption(
         f"Preset **{sweep['preset']}** · {shaping.status_badge(progress['status'])} · "
         f"{int(progress['runs_done'])}/{int(progress['arms_total'])} runs done · "
         f"{table_format.caption(table)}"
     )
 
-    lead = table_format.leader_of(table)
+    lead = progress["leader"]  # the same table's leader, computed with the progress
     if lead.best is None:
         st.info("No arm has a completed, evaluated run yet: scores appear as seeds finish.")
     else:
@@ -55,13 +54,13 @@ def ablation_body() -> None:
                 )
             st.markdown(line)
 
-    display = shaping.ablation_display(table)
+    styled = shaping.style_ablation(table)
     right = {
         column: st.column_config.TextColumn(column, alignment="right")
-        for column in shaping.number_columns(display)
+        for column in shaping.number_columns(styled.data)
     }
     st.dataframe(
-        shaping.style_ablation(table),
+        styled,
         hide_index=True,
         width="stretch",
         column_config={
@@ -120,17 +119,17 @@ def ablation_body() -> None:
 
 ablation_body()
 
+runs = queries.runs_of_sweep(engine, sweep_id)
 with st.expander("Runs of this sweep"):
-    runs = queries.runs_of_sweep(engine, sweep_id)
     if runs.empty:
         st.caption("No runs yet.")
     else:
-        runs = runs.assign(
+        listed = runs.assign(
             page="run?run=" + runs["run_id"].astype(str),
             status=runs["status"].map(shaping.status_badge),
         )
         st.dataframe(
-            runs[["page", "arm", "seed", "attempt", "status", "steps", "wall_s", "error"]],
+            listed[["page", "arm", "seed", "attempt", "status", "steps", "wall_s", "error"]],
             hide_index=True,
             width="stretch",
             column_config={
@@ -139,13 +138,11 @@ with st.expander("Runs of this sweep"):
         )
 
 with st.expander("Rerun an arm"):
-    table = queries.ablation_table(engine, sweep_id)
-    runs = queries.runs_of_sweep(engine, sweep_id)
     seeds = sorted({int(s) for s in runs["seed"]}) if not runs.empty else []
-    if table.empty or not seeds:
+    if not seeds:
         st.caption("Nothing to rerun yet.")
     else:
         c1, c2 = st.columns(2)
-        arm = c1.selectbox("Arm", list(table["arm"]), key="rerun-arm")
+        arm = c1.selectbox("Arm", list(sweep["arms"]), key="rerun-arm")
         seed = c2.selectbox("Seed", seeds, key="rerun-seed")
         widgets.rerun_box(sweep_id, str(arm), int(seed), key="ablation-rerun")

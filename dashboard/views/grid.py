@@ -42,10 +42,7 @@ window = int(
 metric = None if metric_choice == NO_METRIC else str(metric_choice)
 grid = queries.grid_table(engine, sweep_id, metric=metric, window=window)
 others = [k for k in keys if k != x_key]
-score_label = next(
-    (f"{d} avg@{k}" for d, k in zip(grid["eval_dataset"], grid["eval_k"], strict=True) if d),
-    "avg@k",
-)
+score_label = table_format.metric_label(grid)
 st.caption(
     "One point per grid arm: mean over seeds with its 95% t-interval over seeds (no whisker "
     "for n=1); diamond = the base arm the points branch from"
