@@ -70,26 +70,41 @@ def sweep_ladder(
     return grid.to_toml(), None
 
 
+# Data sets that loaded in this process, by what would change them (a file's path, size and
+# modification time; a built-in set's name): `dapo sweep`, its flow and each of its arms check
+# the same configs in one process, and a data file is read once for all of them.
+_LOADED: set[tuple[Any, ...]] = set()
+
+
+def _data_key(value: str) -> tuple[Any, ...]:
+    path = Path(value).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    return (value,)
+
+
 def check_inputs(configs: Iterable[Mapping[str, Any]]) -> None:
-    """Load every data set the configs name (once each) and check every local model path:
-    ValueError / FileNotFoundError in one line naming the file (and the row)."""
+    """Load every data set the configs name (once each per process, again if the file changed)
+    and check every local model path: ValueError / FileNotFoundError in one line naming the
+    file (and the row)."""
     from dapo_core.data.loaders import load_problems
 
-    seen: set[str] = set()
     for config in configs:
         plan.check_local_paths(config)
         check_model(str(config["model"]["name_or_path"]))
         data = config["data"]
         for what, value in (("training data", data["train"]), ("eval data", data["eval"])):
-            if str(value) in seen:
+            key = _data_key(str(value))
+            if key in _LOADED:
                 continue
-            seen.add(str(value))
             try:
                 problems = load_problems(str(value))
             except (ValueError, FileNotFoundError) as exc:
                 raise type(exc)(f"{what}: {exc}") from None
             if not problems:
                 raise ValueError(f"{what} {value} holds no problems")
+            _LOADED.add(key)
 
 
 def check_model(name_or_path: str) -> None:

@@ -136,13 +136,18 @@ def start(home: Path | None = None) -> TemporaryServer:
 
 
 # --- the server process ----------------------------------------------------------------------
+def parent_death_signal() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies, even by SIGKILL (the setting
+    survives an exec; elsewhere this does nothing)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def _die_with_parent(parent: int) -> None:
     """SIGTERM this process when `parent` dies: the kernel's parent-death signal where there is
     one, and a thread that watches the parent's pid everywhere."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    parent_death_signal()
     if os.getppid() != parent:  # died before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -12,7 +12,6 @@ server it starts, even when this process is killed (the kernel's parent-death si
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -22,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from flows.local_server import healthy, parent_death_signal
 
 SERVER_START_TIMEOUT_S = 120.0
 SERVER_STOP_TIMEOUT_S = 15.0
@@ -65,15 +66,6 @@ def deployments() -> list[Any]:
     ]
 
 
-def server_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(api_url.rstrip("/") + "/health", timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def port_owner(port: int) -> str | None:
     """Which process listens on TCP `port` on this machine, as "pid N (command line)", when
     Linux's /proc says so (a process of another user is not shown to us: None)."""
@@ -109,19 +101,11 @@ def port_owner(port: int) -> str | None:
     return None
 
 
-def _die_with_parent() -> None:
-    """preexec_fn of the server: SIGTERM it when this process dies, even by SIGKILL (Linux's
-    parent-death signal survives the exec of `prefect server start`, which runs in one
-    process)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def start_server(host: str, port: int, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     """`prefect server start` in its own process group; returns it and its API URL once healthy."""
     with socket.socket() as s:
         if s.connect_ex((host, port)) == 0:
-            if server_healthy(f"http://{host}:{port}/api"):
+            if healthy(f"http://{host}:{port}/api"):
                 raise ConnectionError(
                     f"a Prefect server already answers on {host}:{port}: serve to it with "
                     f"PREFECT_API_URL=http://{host}:{port}/api dapo serve, or choose another --port"
@@ -142,7 +126,7 @@ def start_server(host: str, port: int, log_path: Path) -> tuple[subprocess.Popen
         stderr=subprocess.STDOUT,
         start_new_session=True,
         # Safe here: `dapo serve` has started no threads yet (Prefect is not imported).
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        preexec_fn=parent_death_signal if sys.platform.startswith("linux") else None,
     )
     api_url = f"http://{host}:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -151,7 +135,7 @@ def start_server(host: str, port: int, log_path: Path) -> tuple[subprocess.Popen
             raise ConnectionError(
                 f"the Prefect server exited with code {proc.returncode}: see {log_path}"
             )
-        if server_healthy(api_url):
+        if healthy(api_url):
             return proc, api_url
         time.sleep(0.5)
     stop_process(proc)
@@ -182,7 +166,7 @@ def serve(*, host: str, port: int, ray_address: str | None, limit: int | None) -
     server: subprocess.Popen[bytes] | None = None
     api_url = os.environ.get("PREFECT_API_URL")
     if api_url:
-        if not server_healthy(api_url):
+        if not healthy(api_url):
             raise ConnectionError(f"no Prefect server answers at PREFECT_API_URL={api_url}")
         print(f"using the Prefect server at {api_url}", flush=True)
     else:

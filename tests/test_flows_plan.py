@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from dapo_cli import LADDER_FILE
 
-from dapo_core.setup.arms import ARM_NAMES
+from dapo_core.setup.arms import ARM_NAMES, build_arm_config
 from dapo_core.train.run_dir import NotOwner, claim
 from flows import checks, plan
 from flows.params import ArmParams, Resources, SweepParams, takes, validate
@@ -514,3 +514,31 @@ def test_longest_arms_start_first_and_ties_keep_the_ladder_order() -> None:
     steps, prompts = cfg["run"]["steps"], cfg["batch"]["gen_batch_size"]
     # steps × prompts × G × budget: 150 × 16 × 8 × 44 on the tiny preset
     assert plan.estimated_work(cfg) == steps * prompts * cfg["rollout"]["group_size"] * 44
+
+
+def test_a_data_file_is_read_once_per_process_and_again_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checks.check_inputs remembers data files that loaded (the sweep, its flow and its arms
+    check the same configs), keyed by path, size and modification time: a file edited since
+    is read again, so a mistake in it is never hidden."""
+    from dapo_core.data import loaders
+
+    reads: list[str] = []
+    real = loaders.load_problems
+
+    def counted(value: str) -> Any:
+        reads.append(value)
+        return real(value)
+
+    monkeypatch.setattr(loaders, "load_problems", counted)
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
+    config = build_arm_config("grpo", "tiny", {"data.train": str(data)}).to_dict()
+    checks.check_inputs([config, config])
+    checks.check_inputs([config])
+    assert reads.count(str(data)) == 1
+    data.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "torn\n')
+    with pytest.raises(ValueError, match="training data"):
+        checks.check_inputs([config])
+    assert reads.count(str(data)) == 2
