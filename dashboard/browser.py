@@ -19,16 +19,18 @@ import contextlib
 import html
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (
@@ -72,6 +74,59 @@ def wait_until_healthy(port: int, server: subprocess.Popen[bytes], deadline_s: f
             pass
         time.sleep(POLL_S)
     raise RuntimeError(f"streamlit did not answer on port {port} within {deadline_s} s")
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 15.0, *, group: bool = False) -> None:
+    """SIGTERM `proc`, then SIGKILL it if it is still there after `grace_s`. `group`: `proc`
+    leads its own process group (start_new_session) and the whole group goes: a browser's
+    helper processes outlive its main one and keep writing to its profile for a moment."""
+
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            proc.wait()
+    if group:  # whatever of the group is left: it must not write after we return
+        send(signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def served(
+    store_url: str,
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    log: IO[bytes] | None = None,
+    deadline_s: float = 60.0,
+) -> Iterator[str]:
+    """The dashboard on `store_url` served by a real `streamlit run` on a free loopback port:
+    yields its base URL once Streamlit answers, and stops the server when the block ends.
+    RuntimeError (from wait_until_healthy) if it never answers."""
+    from dashboard.cli import streamlit_command
+
+    port = free_port()
+    out = subprocess.DEVNULL if log is None else log
+    server = subprocess.Popen(
+        streamlit_command(store_url, port=port, host="127.0.0.1"),
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "DAPO_DB_URL": store_url},
+        stdout=out,
+        stderr=out,
+    )
+    try:
+        wait_until_healthy(port, server, deadline_s)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(server)
 
 
 class Page:
@@ -150,6 +205,7 @@ def open_page(browser: str, *, start_timeout_s: float = 60) -> Iterator[Page]:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         page = None
         try:
@@ -160,12 +216,7 @@ def open_page(browser: str, *, start_timeout_s: float = 60) -> Iterator[Page]:
             if page is not None:
                 with contextlib.suppress(Exception):
                     page.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, group=True)
 
 
 def _page_socket(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> str:

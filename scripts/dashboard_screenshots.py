@@ -10,8 +10,6 @@ curves.png. Run it after `make demo` so that the README shows what the demo real
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,8 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dashboard import cli  # noqa: E402
-from dashboard.browser import find_browser, free_port, open_page, wait_until_healthy  # noqa: E402
+from dashboard.browser import find_browser, open_page, served  # noqa: E402
 from db.engine import resolve_url  # noqa: E402
 
 
@@ -40,38 +37,23 @@ def main() -> int:
         )
         return 2
     url = resolve_url(args.store)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     query = f"?live=0{f'&sweep={args.sweep}' if args.sweep else ''}"
+    # Each page is shot once its content is on the screen (the headline under the table, a
+    # metric's name on the curves), not after a fixed time.
+    pages = (("dashboard.png", "", "leads"), ("curves.png", "curves", "acc/mean"))
     with tempfile.TemporaryDirectory() as work:
-        env = dict(os.environ, DAPO_DB_URL=url)
-        server = subprocess.Popen(
-            cli.streamlit_command(url, port=port, host="127.0.0.1"),
-            cwd=work,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
         try:
-            try:
-                wait_until_healthy(port, server, deadline_s=60)
-            except RuntimeError as error:
-                print(f"error: {error}", file=sys.stderr)
-                return 1
-            args.out.mkdir(parents=True, exist_ok=True)
-            # Each page is shot once its content is on the screen (the headline under the
-            # table, a metric's name on the curves), not after a fixed time.
-            pages = (("dashboard.png", "", "leads"), ("curves.png", "curves", "acc/mean"))
-            with open_page(browser) as tab:
+            with served(url, cwd=Path(work)) as base, open_page(browser) as tab:
+                args.out.mkdir(parents=True, exist_ok=True)
                 for name, path, marker in pages:
                     shot = args.out / name
                     tab.goto(f"{base}/{path}{query}")
                     tab.wait_for([marker])
                     tab.screenshot(shot)
                     print(f"wrote {shot}")
-        finally:
-            server.terminate()
-            server.wait(timeout=15)
+        except RuntimeError as error:  # the server or the browser failed: one line, no traceback
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import dashboard_fixtures as fx
 import pytest
 
-from dashboard import browser, cli
+from dashboard import browser
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -34,30 +33,17 @@ def find_chromium() -> str:
     pytest.skip(message)
 
 
-free_port = browser.free_port
-wait_until_healthy = browser.wait_until_healthy
-
-
 @pytest.fixture(scope="module")
 def served_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """The fixture store behind a real `streamlit run` of the dashboard: (base URL, sweep id)."""
     directory = tmp_path_factory.mktemp("browser-store")
     store = fx.build_store(f"sqlite:///{directory / 'store.db'}")
-    port = free_port()
-    command = cli.streamlit_command(store.url, port=port, host="127.0.0.1")
-    env = dict(os.environ, DAPO_DB_URL=store.url, PREFECT_HOME=str(directory / "prefect"))
-    with open(directory / "streamlit.log", "wb") as log:
-        server = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=log)
-        try:
-            wait_until_healthy(port, server, deadline_s=60)
-            yield f"http://127.0.0.1:{port}", store.sweep_id
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    env = {"PREFECT_HOME": str(directory / "prefect")}
+    with (
+        open(directory / "streamlit.log", "wb") as log,
+        browser.served(store.url, cwd=directory, env=env, log=log) as base,
+    ):
+        yield base, store.sweep_id
 
 
 def test_ablation_view_renders_every_arm(served_dashboard: tuple[str, int], tmp_path: Path) -> None:
