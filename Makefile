@@ -44,16 +44,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy dapo_core db
 
-# The multi-node tests start and stop their own Ray cluster: `make test-cluster` runs them.
+# The multi-node tests (marker `cluster`) start and stop their own Ray cluster: `make test-cluster`.
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -q --ignore=tests/test_cluster.py
+	$(BIN)/python -m pytest -q
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
 test-cluster: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_cluster.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser" --ignore=tests/test_cluster.py
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference"
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh
@@ -62,7 +62,7 @@ test-vllm:
 # verl's files come from their own venv (no dependencies installed); the tests run in .venv.
 test-reference: $(STAMP)
 	bash scripts/setup_verl.sh
-	$(BIN)/python -m pytest -q -m reference tests/reference
+	DAPO_REQUIRE_REFERENCE=1 $(BIN)/python -m pytest -q -m reference tests/reference
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py

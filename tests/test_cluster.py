@@ -24,7 +24,7 @@ import pytest
 from dapo_cli import DAPO, ROOT, SMALL, store_env
 from ray_cluster import RayCluster, proc_stat, ray_cluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 NODE = re.compile(r"node ([0-9a-f]{8})@")
 SWEEP_TIMEOUT_S = 240
