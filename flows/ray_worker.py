@@ -78,6 +78,11 @@ PROGRESS_POLL_S = 1.0
 # After a rank fails only because a peer vanished (its collective saw the connection close),
 # how long to wait for Ray to report which actor died before calling the try lost anyway.
 PEER_LOSS_GRACE_S = 30.0
+# A call cut by a broken connection (ActorUnavailableError) comes back before Ray has decided
+# whether the actor or its whole node is gone: a node is declared dead only after its missed
+# health checks (about 15-30 s with Ray's defaults). How long to wait for that word.
+LOST_VERDICT_WAIT_S = 30.0
+VERDICT_POLL_S = 0.5
 
 
 class ActorLost(RuntimeError):
@@ -673,7 +678,8 @@ def _wait_group(
         # outcome is decided now; run_group's finally kills what is left.
         lost = [r for r, e in failed.items() if isinstance(e, ray.exceptions.RayActorError)]
         if lost:
-            raise _lost(lost[0], n, places[lost[0]], failed[lost[0]])
+            rank = lost[0]
+            raise _lost(rank, n, places[rank], failed[rank], actors[rank])
         own = [r for r, e in failed.items() if not _peer_gone(e)]
         if own:
             raise _task_error(failed[own[0]])
@@ -689,16 +695,37 @@ def _wait_group(
             )
 
 
-def _lost(rank: int, n: int, place: dict[str, Any], exc: BaseException) -> ActorLost:
+def _lost(rank: int, n: int, place: dict[str, Any], exc: BaseException, actor: Any) -> ActorLost:
     """One line naming the lost worker, its node, and whether Ray declared the node dead."""
-    alive = None
-    with contextlib.suppress(Exception):
-        alive = cluster.node_alive(str(place.get("node_id")))
-    why = "its node died" if alive is False else "its actor died"
+    why = _loss_cause(str(place.get("node_id")), exc, actor)
     return ActorLost(
         f"worker {rank} of {n} on node {cluster.node_label(place)} was lost ({why}): "
         f"{plan.first_line(exc)}"
     )
+
+
+def _loss_cause(node_id: str, exc: BaseException, actor: Any) -> str:
+    """Ray's word on a lost worker: "its node died" once Ray counts the node dead, else "its
+    actor died". An actor that is only unavailable (its connection closed) is asked again until
+    Ray says it is dead or its node is; past LOST_VERDICT_WAIT_S the node is taken as alive."""
+    deadline = time.monotonic() + LOST_VERDICT_WAIT_S
+    while True:
+        alive = None
+        with contextlib.suppress(Exception):
+            alive = cluster.node_alive(node_id)
+        if alive is False:
+            return "its node died"
+        unknown = isinstance(exc, ray.exceptions.ActorUnavailableError)
+        if not unknown or time.monotonic() > deadline or STOP.is_set():
+            return "its actor died"
+        try:
+            ray.get(actor.progress.remote(), timeout=PROGRESS_POLL_S)
+        except ray.exceptions.RayActorError as again:
+            exc = again  # ActorDiedError: Ray has decided; its node is asked once more above
+        except ray.exceptions.GetTimeoutError:
+            pass
+        if isinstance(exc, ray.exceptions.ActorUnavailableError):
+            time.sleep(VERDICT_POLL_S)
 
 
 def _poll(actor: Any) -> dict[str, Any] | None:
