@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from flows.local_server import free_port
 
 RAY = str(Path(sys.executable).parent / "ray")
 START_TIMEOUT_S = 90.0
@@ -56,12 +57,6 @@ keys = ("NodeID", "Alive", "NodeManagerAddress", "RayletSocketName", "Resources"
 print(json.dumps([{k: n.get(k) for k in keys} for n in ray.nodes()]))
 ray.shutdown()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:

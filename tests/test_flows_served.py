@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from dapo_cli import stored_sweep
 
 from dapo_core.train.run_dir import latest_step
 from flows import plan, ray_worker
+from flows.local_server import free_port
 from flows.params import SweepParams, validate
 
 pytestmark = pytest.mark.slow
@@ -45,12 +45,6 @@ FAST = {
     "run.samples_per_step": 2,
 }
 FLOW_TIMEOUT_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(
@@ -117,7 +111,7 @@ def prefect_client(api_url: str) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
