@@ -23,6 +23,9 @@ CLIP_RATIO_DUAL = "clip_ratio/dual"  # tokens bounded by the dual clip c (A < 0)
 # Share of the loss weight carried by the longer half of the batch's responses: 0.5 under the
 # sample-level loss (each response weighs the same), above under the token-level loss (Eq. 12).
 LOSS_LONG_SHARE = "loss/long_share"
+# Share of the loss weight carried by truncated responses: 0 under the overlong filter (§3.4),
+# which takes them out of the loss; without it, what the filter would take out.
+LOSS_TRUNCATED_SHARE = "loss/truncated_share"
 GRAD_NORM = "optim/grad_norm"
 LR = "optim/lr"
 NONFINITE_UPDATES = "optim/nonfinite_skipped"  # updates skipped: NaN / inf loss or gradient

@@ -81,8 +81,9 @@ def register(subparsers: Any) -> None:
         "--mechanisms",
         action="store_true",
         help="instead, the mechanism table: per arm, the training metrics its change is about "
-        "(truncation, clip fractions, entropy, long responses' loss share, informative groups, "
-        "generation batches), first against last --window rollout steps, with Δ to its parent",
+        "(truncation, truncated and long responses' loss shares, clip fractions, entropy, "
+        "informative groups, generation batches), first against last --window rollout steps, "
+        "with Δ to its parent",
     )
     table.add_argument(
         "--window",

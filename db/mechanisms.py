@@ -47,6 +47,7 @@ CLIP_HIGH = "clip_ratio/high"  # fraction of tokens at 1 + ε_high (A > 0)
 CLIP_LOW = "clip_ratio/low"  # fraction of tokens at 1 − ε_low (A < 0)
 ENTROPY = "entropy/mean"
 LONG_SHARE = "loss/long_share"  # loss weight of the longer half of responses (new: may be absent)
+TRUNCATED_SHARE = "loss/truncated_share"  # loss weight of truncated responses (new: may be absent)
 KEPT_GROUPS = "sampling/kept_groups"  # fraction of generated groups that were informative
 TRAIN_INFORMATIVE = "sampling/train_informative"  # ... of the training batch's groups
 GEN_BATCHES = "sampling/gen_batches"  # generation batches per step
@@ -55,6 +56,7 @@ ACC = "acc/mean"
 
 DEFAULT_METRICS: tuple[str, ...] = (
     TRUNCATED,
+    TRUNCATED_SHARE,
     OVERLONG_PENALTY,
     CLIP_HIGH,
     CLIP_LOW,
@@ -71,6 +73,7 @@ DEFAULT_METRICS: tuple[str, ...] = (
 PERCENT: frozenset[str] = frozenset(
     {
         TRUNCATED,
+        TRUNCATED_SHARE,
         CLIP_HIGH,
         CLIP_LOW,
         LONG_SHARE,
@@ -84,8 +87,9 @@ PERCENT: frozenset[str] = frozenset(
 # Config key (dotted, as in the runs' stored config) -> the metrics its change is expected to
 # move, most telling first. The paper's reading of each technique (arXiv 2503.14476, §3):
 FOCUS: dict[str, tuple[str, ...]] = {
-    # overlong filtering masks truncated samples: watch how many there are
-    "algo.overlong_filter": (TRUNCATED,),
+    # overlong filtering masks truncated samples: their share of the loss falls to 0; and how
+    # many there are
+    "algo.overlong_filter": (TRUNCATED_SHARE, TRUNCATED),
     # Clip-Higher leaves room at the upper bound so low-probability tokens can grow: tokens at
     # the bound and entropy (the paper's Figure 2: entropy no longer collapses)
     "algo.clip_high": (CLIP_HIGH, ENTROPY),

@@ -132,6 +132,7 @@ def step_metrics(
       entropy             1.5 − 0.1·step + 0.2·C + 0.02·seed·C
       overlong penalty    −(0.1 + 0.01·step)·P
       loss/long_share     0.5 + 0.15·T + 0.01·seed·T   (only when `long_share`)
+      loss/truncated_share (0.1 − 0.01·step + 0.01·seed)·(1 − F)   (likewise)
       gen_batches         1 + (0.5 + 0.1·step)·D
     """
     acc = 0.1 + 0.05 * arm_index + 0.1 * step + 0.01 * seed
@@ -157,6 +158,7 @@ def step_metrics(
     }
     if long_share:
         metrics[mn.LOSS_LONG_SHARE] = 0.5 + 0.15 * t + 0.01 * seed * t
+        metrics[mn.LOSS_TRUNCATED_SHARE] = (0.1 - 0.01 * step + 0.01 * seed) * (1 - f)
     return metrics
 
 

@@ -311,6 +311,7 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
     # the base changes nothing; every other arm shows the metrics its config change is about
     assert signature[["arm", "metric"]].values.tolist() == [
         ["overlong_filter", "◆ response_length/clip_ratio (%)"],
+        ["overlong_filter", "◆ loss/truncated_share (%)"],
         ["clip_higher", "◆ clip_ratio/high (%)"],
         ["clip_higher", "◆ entropy/mean"],
         ["soft_punish", "◆ response_length/clip_ratio (%)"],
@@ -320,7 +321,10 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
         ["dapo", "◆ sampling/gen_batches"],
     ]
     # Clip-Higher: Δ clip_ratio/high (1.2, 1.3) pp -> 1.25 ± 12.7062 · 0.05 = [0.61, 1.89]
-    assert signature["Δ parent"].tolist()[1] == "+1.25 [+0.61, +1.89] *"
+    assert signature["Δ parent"].tolist()[2] == "+1.25 [+0.61, +1.89] *"
+    # the filter takes truncated responses out of the loss: grpo's last-2 shares (0.065, 0.075)
+    # on seeds 0 and 1 fall to 0, with no spread
+    assert signature["Δ parent"].tolist()[1] == "-7.00 [-13.35, -0.65] *"
     assert signature["changes"].tolist()[0] == "algo.overlong_filter"
     every = at.dataframe[1].value
     assert list(every["arm"]) == fx.ARMS
@@ -341,6 +345,7 @@ def test_mechanisms_of_older_runs_show_a_dash(fixture_store: fx.FixtureStore) ->
     at = open_page("mechanisms", sweep=fixture_store.other_sweep_id)
     every = at.dataframe[1].value
     assert every["loss/long_share (%)"].tolist() == ["—", "—"]  # not logged by those runs
+    assert every["loss/truncated_share (%)"].tolist() == ["—", "—"]
 
 
 # --- grids -----------------------------------------------------------------------------------

@@ -439,6 +439,7 @@ def test_mechanism_metric_names_are_dapo_cores() -> None:
 
     assert mechanisms.DEFAULT_METRICS == (
         mn.RESPONSE_CLIP_RATIO,
+        mn.LOSS_TRUNCATED_SHARE,
         mn.OVERLONG_PENALTY_MEAN,
         mn.CLIP_RATIO_HIGH,
         mn.CLIP_RATIO_LOW,
@@ -466,7 +467,10 @@ def test_config_changes_and_the_metrics_they_are_about() -> None:
     assert mechanisms.config_changes(child, parent, "b", "a") == ("algo.clip_high", "algo.new")
     assert mechanisms.config_changes(parent, parent, "a", "a") == ()
     # one technique per key; shared metrics named once, in the order the keys first name them
-    assert mechanisms.focus_metrics(["algo.overlong_filter"]) == ("response_length/clip_ratio",)
+    assert mechanisms.focus_metrics(["algo.overlong_filter"]) == (
+        "loss/truncated_share",
+        "response_length/clip_ratio",
+    )
     assert mechanisms.focus_metrics(["algo.clip_high"]) == ("clip_ratio/high", "entropy/mean")
     assert mechanisms.focus_metrics(["algo.overlong_penalty"]) == (
         "reward/overlong_penalty_mean",
@@ -512,7 +516,7 @@ def test_mechanism_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa
     focus = {a: set(table[(table["arm"] == a) & table["focus"]]["metric"]) for a in fx.ARMS}
     assert focus == {
         "grpo": set(),
-        "overlong_filter": {"response_length/clip_ratio"},
+        "overlong_filter": {"loss/truncated_share", "response_length/clip_ratio"},
         "clip_higher": {"clip_ratio/high", "entropy/mean"},
         "soft_punish": {"reward/overlong_penalty_mean", "response_length/clip_ratio"},
         "token_loss": {"loss/long_share"},
@@ -531,6 +535,12 @@ def test_mechanism_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa
     overlong = _mech(table, "overlong_filter", "response_length/clip_ratio")
     assert overlong["delta_parent"].mean == pytest.approx(-0.05)
     assert overlong["delta_parent"].excludes_zero and overlong["focus"]
+    # ... and takes truncated responses out of the loss: their share (0.1 − 0.01·step +
+    # 0.01·seed under grpo; last 0.065, 0.075) is 0 under the filter on every step
+    dropped = _mech(table, "overlong_filter", "loss/truncated_share")
+    assert dropped["last_values"] == [0.0, 0.0] and dropped["focus"]
+    assert dropped["delta_parent"].mean == pytest.approx(-0.07)
+    assert _bounds(dropped["delta_parent"]) == pytest.approx((-0.133531, -0.006469), abs=1e-6)
     # Clip-Higher: clip_ratio/high 0.014, 0.016 vs 0.002, 0.003 -> Δ (0.012, 0.013): 0.0125 ±
     # 12.7062 · 0.0005; entropy 1.35, 1.37 vs 1.15, 1.15 -> Δ (0.20, 0.22): 0.21 ± 0.127062
     clip = _mech(table, "clip_higher", "clip_ratio/high")
@@ -603,6 +613,8 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
     assert body == [
         "overlong_filter grpo algo.overlong_filter ◆ response_length/clip_ratio (%) "
         "14.5 [8.1, 20.9] 8.50 [2.15, 14.85] -5.00 [-5.00, -5.00] *",
+        # grpo's truncated share, last 2: 0.065 and 0.075 by seed; 0 under the filter
+        "◆ loss/truncated_share (%) 0.00 [0.00, 0.00] 0.00 [0.00, 0.00] -7.00 [-13.35, -0.65] *",
         "clip_higher overlong_filter algo.clip_high ◆ clip_ratio/high (%) "
         "1.50 [0.23, 2.77] 1.50 [0.23, 2.77] +1.25 [+0.61, +1.89] *",
         "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] *",

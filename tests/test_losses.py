@@ -742,6 +742,24 @@ def test_row_weights_and_the_long_share_of_each_aggregation() -> None:
     assert long_share(get_aggregation("token-mean"), [5, 5, 5]) == 0.0
 
 
+def test_weight_share_of_chosen_rows() -> None:
+    """The overlong filter's signature (§3.4) is the truncated rows' share of the loss weight.
+    Lengths 10, 20, 40 with the 40-token row truncated: token-mean 40 / 70; the sample-level
+    mean 1 / 3; a row emptied to 0 tokens weighs nothing; nothing weighing at all is NaN."""
+    from dapo_core.algo.losses import get_aggregation
+    from dapo_core.train.update import weight_share
+
+    tok, seq = get_aggregation("token-mean"), get_aggregation("seq-mean-token-mean")
+    chosen = [False, False, True]
+    assert weight_share(tok, [10, 20, 40], chosen) == pytest.approx(40 / 70)
+    assert weight_share(seq, [10, 20, 40], chosen) == pytest.approx(1 / 3)
+    assert weight_share(seq, [10, 20, 0], chosen) == 0.0
+    assert weight_share(tok, [10, 20, 40], [False] * 3) == 0.0
+    assert math.isnan(weight_share(tok, [0, 0], [True, False]))
+    with pytest.raises(ValueError):
+        weight_share(tok, [10, 20], [True])  # one flag per row
+
+
 # --- the entropy bonus (PPO Eq. 9) ---------------------------------------------------------------
 def test_entropy_bonus_hand_computed_in_each_aggregation() -> None:
     # Entropies of two responses, the second with one padded position:

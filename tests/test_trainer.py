@@ -254,12 +254,14 @@ def test_overlong_filter_removes_truncated_rows_from_the_token_count(
         seen.clear()
         c = cfg.with_overrides({"algo.overlong_filter": overlong_filter})
         engine = ScriptedEngine(tok, correct=[[2, 2, 2, 2]], truncate=[[0, 1, 2, 0]])
-        make_trainer(c, engine).step()
+        m = make_trainer(c, engine).step().metrics
         ((num_tokens, mask_tokens),) = seen
         # correct rows have 13 tokens, wrong ones 15, truncated ones 24 (the budget):
         # without the filter all 16 rows count: 8·13 + 5·15 + 3·24 = 104 + 75 + 72 = 251;
         # with it the 3 truncated rows leave the loss and the count: 251 − 72 = 179.
         assert num_tokens == mask_tokens == (179 if overlong_filter else 251)
+        # their share of the loss weight (sample-level mean: 3 of 16 rows), 0 once filtered
+        assert m[M.LOSS_TRUNCATED_SHARE] == (0.0 if overlong_filter else pytest.approx(3 / 16))
 
 
 def test_lr_warm_up_follows_gradient_updates() -> None:

@@ -89,6 +89,7 @@ class UpdateStats:
     trailing_nonfinite: int = 0  # of those, the ones after the last applied update
     filled_entropy: tuple[float, float] = (0.0, 0.0)  # Σ entropy, tokens: see Updater.run
     long_shares: list[float] = field(default_factory=list)  # per mini-batch, see long_share
+    truncated_shares: list[float] = field(default_factory=list)  # per mini-batch, likewise
     counts: Counts | None = None
     mismatch: dict[str, float] | None = None  # rollout_correction's sums over the batch
     old_entropy: float = math.nan  # entropy of the batch under the policy that sampled it
@@ -117,6 +118,7 @@ class UpdateStats:
             M.IS_MASKED_FRAC: frac(mm.get("is_masked", 0.0), n_mm),
             M.NONFINITE_UPDATES: float(self.nonfinite),
             M.LOSS_LONG_SHARE: _mean(self.long_shares),
+            M.LOSS_TRUNCATED_SHARE: _mean(self.truncated_shares),
             M.OLD_LOGPROB_S: self.old_logprob_s,
             M.UPDATE_S: self.update_s,
             M.UPDATE_TOKENS_PER_S: c.seq_tokens / self.update_s if self.update_s else 0.0,
@@ -299,15 +301,16 @@ class Updater:
                 fill = bool(fill_old) and epoch == 0 and m == 0
                 if fill and [index_of[id(s)] for s in rows] != list(fill_old):
                     raise RuntimeError("fill_old is not the first mini-batch's loss rows")
-                num_tokens, num_seqs = self.agg.counts(
-                    [s.loss_tokens for s in rows], all_rows=len(mini)
-                )
+                lengths = [s.loss_tokens for s in rows]
+                num_tokens, num_seqs = self.agg.counts(lengths, all_rows=len(mini))
                 if num_tokens == 0:
                     for s in rows if fill else []:  # no token at all: nothing to score
                         s.old_logprobs = torch.zeros(0)
                     stats.empty_minibatches += 1
                     continue
-                stats.long_shares.append(long_share(self.agg, [s.loss_tokens for s in rows]))
+                stats.long_shares.append(long_share(self.agg, lengths))
+                truncated = [s.truncated for s in rows]
+                stats.truncated_shares.append(weight_share(self.agg, lengths, truncated))
                 self.optimizer.zero_grad(set_to_none=True)
                 local = Counts()
                 loss_kl = torch.zeros(2, dtype=torch.float64)
@@ -542,6 +545,15 @@ def has_dropout(model: torch.nn.Module) -> bool:
     return False
 
 
+def weight_share(agg: Aggregation, token_counts: Sequence[int], chosen: Sequence[bool]) -> float:
+    """Share of a mini-batch's loss weight on the chosen rows (NaN when nothing weighs)."""
+    weights = agg.row_weights(token_counts)
+    total = sum(weights)
+    if total == 0:
+        return math.nan
+    return sum(w for w, c in zip(weights, chosen, strict=True) if c) / total
+
+
 def long_share(agg: Aggregation, token_counts: Sequence[int]) -> float:
     """Share of a mini-batch's loss weight on its longer responses (longer than the median):
     the token-level loss's signature. E.g. lengths 10, 10, 30, 50 — median 20: token-mean puts
@@ -551,11 +563,7 @@ def long_share(agg: Aggregation, token_counts: Sequence[int]) -> float:
     if n == 0:
         return math.nan
     median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
-    weights = agg.row_weights(token_counts)
-    total = sum(weights)
-    if total == 0:
-        return math.nan
-    return sum(w for w, c in zip(weights, token_counts, strict=True) if c > median) / total
+    return weight_share(agg, token_counts, [c > median for c in token_counts])
 
 
 def _mean(xs: list[float]) -> float:
