@@ -17,7 +17,13 @@ from db import mechanisms, stats
 FOCUS_CSS = "background-color: #fff4ce"  # a metric the arm's change is about
 SIGNIFICANT_CSS = "font-weight: 700"  # a Δ to the parent whose interval excludes 0
 # What a cell of the wide table shows: display label -> mechanism_table column.
-CELLS = {"last window": "last", "Δ parent (last window)": "delta_parent", "first window": "first"}
+CELLS = {
+    "last window": "last",
+    "Δ parent (last window)": "delta_parent",
+    "first window": "first",
+    "Δ parent (first window)": "delta_parent_first",
+}
+DELTAS = ("delta_parent", "delta_parent_first")
 SUMMARY_COLUMNS = ["arm", "mean", "low", "high", "first", "n", "focus", "text"]
 
 
@@ -40,23 +46,26 @@ def signature_css(table: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
     """Bold Δ cells of `signature(table)` whose interval excludes 0."""
     css = pd.DataFrame("", index=shown.index, columns=shown.columns)
     focus = table[table["focus"]].reset_index(drop=True)
+    # the signature's Δ columns: "Δ parent" (last window), then "Δ parent, first <w>"
+    columns = [c for c in shown.columns if str(c).startswith("Δ parent")]
     # signature rows follow the focus rows in order; rows naming no metric carry no estimate
     significant = {
-        (str(r["arm"]), mechanisms.metric_label(str(r["metric"])))
+        (str(r["arm"]), mechanisms.metric_label(str(r["metric"])), column)
         for r in focus.to_dict("records")
-        if r["delta_parent"].excludes_zero
+        for column, delta in zip(columns, DELTAS, strict=False)
+        if r[delta].excludes_zero
     }
-    if "Δ parent" in css:
-        for i, record in shown.iterrows():
-            label = str(record["metric"]).removeprefix(f"{mechanisms.FOCUS_MARK} ")
-            if (str(record["arm"]), label) in significant:
-                css.loc[i, "Δ parent"] = SIGNIFICANT_CSS
+    for i, record in shown.iterrows():
+        label = str(record["metric"]).removeprefix(f"{mechanisms.FOCUS_MARK} ")
+        for column in columns:
+            if (str(record["arm"]), label, column) in significant:
+                css.loc[i, column] = SIGNIFICANT_CSS
     return css
 
 
 def wide(table: pd.DataFrame, cell: str) -> pd.DataFrame:
     """One row per arm, one column per metric (labelled with its unit); each cell the chosen
-    statistic (`cell`: last, first or delta_parent) as text with its interval."""
+    statistic (`cell`: a CELLS value) as text with its interval."""
     rows = []
     for arm in arms(table):
         mine = table[table["arm"] == arm]
@@ -65,7 +74,7 @@ def wide(table: pd.DataFrame, cell: str) -> pd.DataFrame:
         for record in mine.to_dict("records"):
             metric = str(record["metric"])
             row[mechanisms.metric_label(metric)] = mechanisms.value_text(
-                record[cell], metric, signed=cell == "delta_parent"
+                record[cell], metric, signed=cell in DELTAS
             )
         rows.append(row)
     columns = ["arm", "changes", *(mechanisms.metric_label(m) for m in metrics(table))]
@@ -82,7 +91,7 @@ def wide_css(table: pd.DataFrame, cell: str) -> pd.DataFrame:
         parts = []
         if record["focus"]:
             parts.append(FOCUS_CSS)
-        if cell == "delta_parent" and record["delta_parent"].excludes_zero:
+        if cell in DELTAS and record[cell].excludes_zero:
             parts.append(SIGNIFICANT_CSS)
         css.loc[i, column] = "; ".join(parts)
     return css

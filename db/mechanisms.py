@@ -228,6 +228,9 @@ def _record(row: Mapping[str, Any], w: int, metric: str | None = None) -> dict[s
         f"first {w}": MISSING if empty else value_text(row["first"], name),
         f"last {w}": MISSING if empty else value_text(row["last"], name),
         "Δ parent": MISSING if empty else value_text(row["delta_parent"], name, signed=True),
+        f"Δ parent, first {w}": (
+            MISSING if empty else value_text(row["delta_parent_first"], name, signed=True)
+        ),
     }
 
 
@@ -237,8 +240,8 @@ def caption(table: pd.DataFrame) -> str:
     return (
         f"per seed, the metric's mean over the first and the last {w} rollout steps of its "
         "run (the runs behind the scores); mean over seeds [95% t-interval over seeds]; "
-        f"Δ parent: last-{w} mean − the parent arm's, paired by seed, {SIGNIFICANT} = the "
-        f"interval excludes 0; {FOCUS_MARK} = a metric the arm's change (its config diff to "
+        f"Δ parent: last-{w} mean − the parent arm's, paired by seed (Δ parent, first {w}: "
+        f"the same over the first {w}), {SIGNIFICANT} = the interval excludes 0; {FOCUS_MARK} = a metric the arm's change (its config diff to "
         "its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
         "logged"
     )
@@ -259,14 +262,17 @@ def _blank_repeats(records: Sequence[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
+ESTIMATES = ("first", "last", "delta_parent", "delta_parent_first")  # the table's Estimate columns
+
+
 def _csv(table: pd.DataFrame) -> str:
     """Numbers for a spreadsheet, in the metric's own unit (fractions stay fractions): each
     statistic's mean, 95% interval (_low / _high, empty without one) and n."""
     buffer = io.StringIO()
     columns = ["arm", "parent", "changes", "metric", "focus", "window"]
-    for name in ("first", "last", "delta_parent"):
+    for name in ESTIMATES:
         columns += [f"{name}_mean", f"{name}_low", f"{name}_high", f"{name}_n"]
-    columns += ["delta_parent_significant", "interval"]
+    columns += ["delta_parent_significant", "delta_parent_first_significant", "interval"]
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
 
@@ -282,11 +288,12 @@ def _csv(table: pd.DataFrame) -> str:
             "focus": int(bool(row["focus"])),
             "window": row["window"],
         }
-        for name in ("first", "last", "delta_parent"):
+        for name in ESTIMATES:
             estimate: stats.Estimate = row[name]
             out[f"{name}_mean"], out[f"{name}_n"] = num(estimate.mean), estimate.n
             out[f"{name}_low"], out[f"{name}_high"] = num(estimate.low), num(estimate.high)
-        out["delta_parent_significant"] = int(row["delta_parent"].excludes_zero)
+        for name in ("delta_parent", "delta_parent_first"):
+            out[f"{name}_significant"] = int(row[name].excludes_zero)
         out["interval"] = f"{round(100 * stats.LEVEL)}% {stats.OVER_SEEDS}"
         writer.writerow(out)
     return buffer.getvalue()

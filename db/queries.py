@@ -815,6 +815,9 @@ MECHANISM_COLUMNS = [
     "first",
     "last",
     "delta_parent",  # last-window mean − the parent's, paired by seed
+    # first-window mean − the parent's, paired by seed: a mechanism that acts while there is
+    # something to act on (truncations, early in a run) shows here and may fade by the end
+    "delta_parent_first",
     "window",
 ]
 GRID_COLUMNS = [
@@ -905,7 +908,8 @@ def mechanism_table(
     Per seed, the metric's mean over the first and the last `window` rollout steps of the run
     that scores it in the ablation table (the latest completed attempt; arms with none have no
     values yet). Over seeds: the mean with its 95% t-interval (db.stats), and `delta_parent`,
-    the last-window mean minus the parent arm's (the ablation table's parent), paired by seed.
+    the last-window mean minus the parent arm's (the ablation table's parent), paired by seed
+    (`delta_parent_first`: the same over the first window).
     `changes` is what the arm sets relative to its parent (the runs' stored configs), `focus`
     whether the metric is one that change is about (db.mechanisms.FOCUS). A metric a run did
     not log (e.g. loss/long_share in runs older than it) is left out for that seed; with no
@@ -965,6 +969,13 @@ def mechanism_table(
                     "last": stats.t_interval(list(lasts.values()), keys=list(lasts)),
                     "delta_parent": (
                         stats.paired(lasts, {s: v for s, (_, v) in theirs.items()})
+                        if parent is not None
+                        else stats.EMPTY
+                    ),
+                    "delta_parent_first": (
+                        stats.paired(
+                            firsts, {s: f for s, (f, _) in theirs.items() if not math.isnan(f)}
+                        )
                         if parent is not None
                         else stats.EMPTY
                     ),

@@ -307,6 +307,7 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
     signature = at.dataframe[0].value
     assert list(signature.columns) == [
         "arm", "parent", "changes", "metric", "first 2", "last 2", "Δ parent",
+        "Δ parent, first 2",
     ]  # fmt: skip
     # the base changes nothing; every other arm shows the metrics its config change is about
     assert signature[["arm", "metric"]].values.tolist() == [
@@ -323,8 +324,9 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
     # Clip-Higher: Δ clip_ratio/high (1.2, 1.3) pp -> 1.25 ± 12.7062 · 0.05 = [0.61, 1.89]
     assert signature["Δ parent"].tolist()[2] == "+1.25 [+0.61, +1.89] *"
     # the filter takes truncated responses out of the loss: grpo's last-2 shares (0.065, 0.075)
-    # on seeds 0 and 1 fall to 0, with no spread
+    # on seeds 0 and 1 fall to 0, with no spread; on the first 2 steps (0.095, 0.105)
     assert signature["Δ parent"].tolist()[1] == "-7.00 [-13.35, -0.65] *"
+    assert signature["Δ parent, first 2"].tolist()[1] == "-10.0 [-16.4, -3.6] *"
     assert signature["changes"].tolist()[0] == "algo.overlong_filter"
     every = at.dataframe[1].value
     assert list(every["arm"]) == fx.ARMS
@@ -337,6 +339,11 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
         "+0.210 [+0.083, +0.337] *"
     )
     assert every.loc[every["arm"] == "grpo", "entropy/mean"].item() == "—"  # no parent
+    at.radio(key="mech-cells").set_value("Δ parent (first window)").run()
+    every = at.dataframe[1].value
+    assert every.loc[every["arm"] == "dapo", "sampling/gen_batches"].item() == (
+        "+0.550 (n=1, no interval)"
+    )
     assert len(at.get("vega_lite_chart")) == 1
     assert [b.label for b in at.get("download_button")] == ["Download CSV"]
 

@@ -27,6 +27,7 @@ def _row(
     last: dict[int, float],
     first: dict[int, float],
     parent_last: dict[int, float] | None = None,
+    parent_first: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     return {
         "arm": arm,
@@ -41,6 +42,7 @@ def _row(
         "first": stats.t_interval(list(first.values())),
         "last": stats.t_interval(list(last.values())),
         "delta_parent": stats.paired(last, parent_last) if parent_last else stats.EMPTY,
+        "delta_parent_first": stats.paired(first, parent_first) if parent_first else stats.EMPTY,
         "window": 3,
     }
 
@@ -49,12 +51,14 @@ def _table() -> pd.DataFrame:
     """Two arms × two metrics; clip_higher changes algo.clip_high (its focus: clip_ratio/high
     and entropy), and a third arm changes a key no metric is about."""
     base_clip, base_trunc = {0: 0.002, 1: 0.004}, {0: 0.10, 1: 0.12}
+    base_clip_first = {0: 0.001, 1: 0.003}
     rows = [
-        _row("grpo", None, (), CLIP_HIGH, base_clip, {0: 0.001, 1: 0.003}),
+        _row("grpo", None, (), CLIP_HIGH, base_clip, base_clip_first),
         _row("grpo", None, (), TRUNCATED, base_trunc, {0: 0.20, 1: 0.22}),
-        # Δ clip_ratio/high (0.010, 0.012): 0.011 ± 12.7062 · 0.001 = [−0.0017, 0.0237]
+        # Δ clip_ratio/high (0.010, 0.012): 0.011 ± 12.7062 · 0.001 = [−0.0017, 0.0237];
+        # on the first window (0.009, 0.009): no spread, excludes 0
         _row("clip_higher", "grpo", ("algo.clip_high",), CLIP_HIGH,
-             {0: 0.012, 1: 0.016}, {0: 0.010, 1: 0.012}, base_clip),
+             {0: 0.012, 1: 0.016}, {0: 0.010, 1: 0.012}, base_clip, base_clip_first),
         # Δ truncated (0.0, 0.0): no spread, no difference
         _row("clip_higher", "grpo", ("algo.clip_high",), TRUNCATED,
              {0: 0.10, 1: 0.12}, {0: 0.20, 1: 0.22}, base_trunc),
@@ -90,9 +94,15 @@ def test_signature_keeps_each_arms_own_metrics() -> None:
         ["gspo", "(none for algo.loss_mode)"],
     ]
     assert shown["Δ parent"].tolist() == ["+1.10 [-0.17, +2.37]", "—"]
+    assert shown["Δ parent, first 3"].tolist() == ["+0.900 [+0.900, +0.900] *", "—"]
     assert shown["last 3"].tolist()[0] == "1.40 [-1.14, 3.94]"
     css = mechanisms.signature_css(table, shown)
-    assert (css == "").all().all()  # the one Δ holds 0: nothing bold
+    # the last window's Δ holds 0: not bold; the first window's excludes it: bold
+    assert (
+        css.loc[0, "Δ parent"] == ""
+        and css.loc[0, "Δ parent, first 3"] == mechanisms.SIGNIFICANT_CSS
+    )
+    assert (css.drop(columns="Δ parent, first 3") == "").all().all()
 
 
 def test_wide_table_highlights_the_focus_cells() -> None:

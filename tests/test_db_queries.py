@@ -607,29 +607,39 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
         "first 2",
         "last 2",
         "Δ parent",
+        "Δ parent, first 2",
     ]
     body = [" ".join(x.split()) for x in lines[4:]]
-    # percent with three significant digits, Δ in points; the base arm changes nothing: no row
+    # percent with three significant digits, Δ in points; the base arm changes nothing: no row.
+    # Δ parent on the last 2 steps, then on the first 2: they part where the metric's gap to
+    # the parent moves with the step (the truncated share, the penalty, generation batches)
     assert body == [
         "overlong_filter grpo algo.overlong_filter ◆ response_length/clip_ratio (%) "
-        "14.5 [8.1, 20.9] 8.50 [2.15, 14.85] -5.00 [-5.00, -5.00] *",
-        # grpo's truncated share, last 2: 0.065 and 0.075 by seed; 0 under the filter
-        "◆ loss/truncated_share (%) 0.00 [0.00, 0.00] 0.00 [0.00, 0.00] -7.00 [-13.35, -0.65] *",
+        "14.5 [8.1, 20.9] 8.50 [2.15, 14.85] -5.00 [-5.00, -5.00] * -5.00 [-5.00, -5.00] *",
+        # grpo's truncated share by seed: last 2 0.065, 0.075; first 2 0.095, 0.105 -> Δ −0.10
+        # ± 12.7062 · 0.005; 0 under the filter
+        "◆ loss/truncated_share (%) 0.00 [0.00, 0.00] 0.00 [0.00, 0.00] "
+        "-7.00 [-13.35, -0.65] * -10.0 [-16.4, -3.6] *",
         "clip_higher overlong_filter algo.clip_high ◆ clip_ratio/high (%) "
-        "1.50 [0.23, 2.77] 1.50 [0.23, 2.77] +1.25 [+0.61, +1.89] *",
-        "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] *",
+        "1.50 [0.23, 2.77] 1.50 [0.23, 2.77] +1.25 [+0.61, +1.89] * +1.25 [+0.61, +1.89] *",
+        "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] * "
+        "+0.210 [+0.083, +0.337] *",
         "soft_punish clip_higher algo.overlong_penalty ◆ response_length/clip_ratio (%) "
-        "10.0 (n=1, no interval) 4.00 (n=1, no interval) -4.00 (n=1, no interval)",
+        "10.0 (n=1, no interval) 4.00 (n=1, no interval) -4.00 (n=1, no interval) "
+        "-4.00 (n=1, no interval)",
+        # the penalty −(0.1 + 0.01·step): first 2 steps −0.105 against the parent's 0
         "◆ reward/overlong_penalty_mean -0.105 (n=1, no interval) -0.135 (n=1, no interval) "
-        "-0.135 (n=1, no interval)",
+        "-0.135 (n=1, no interval) -0.105 (n=1, no interval)",
         "token_loss soft_punish algo.loss_agg ◆ loss/long_share (%) "
-        "65.5 [59.1, 71.9] 65.5 [59.1, 71.9] +15.0 (n=1, no interval)",
+        "65.5 [59.1, 71.9] 65.5 [59.1, 71.9] +15.0 (n=1, no interval) +15.0 (n=1, no interval)",
         # the training batch is all informative under dynamic sampling (1.0) and as informative
         # as what was generated without it (token_loss seed 0: 0.5): +50 pp
         "dapo token_loss algo.dynamic_sampling ◆ sampling/train_informative (%) "
-        "100 (n=1, no interval) 100 (n=1, no interval) +50.0 (n=1, no interval)",
+        "100 (n=1, no interval) 100 (n=1, no interval) +50.0 (n=1, no interval) "
+        "+50.0 (n=1, no interval)",
+        # 1 + (0.5 + 0.1·step) batches: first 2 steps 1.55 against the parent's 1
         "◆ sampling/gen_batches 1.55 (n=1, no interval) 1.85 (n=1, no interval) "
-        "+0.850 (n=1, no interval)",
+        "+0.850 (n=1, no interval) +0.550 (n=1, no interval)",
     ]
     full = mechanisms.render(table, "text").splitlines()
     assert len(full) == 4 + len(fx.ARMS) * len(mechanisms.DEFAULT_METRICS)
@@ -646,6 +656,10 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
     )
     assert float(clip["delta_parent_low"]) == pytest.approx(0.0061469, abs=1e-7)
     assert clip["changes"] == "algo.clip_high" and clip["window"] == "2"
+    share = next(r for r in rows if r["metric"] == "loss/truncated_share" and r["parent"])
+    assert share["arm"] == "overlong_filter" and share["delta_parent_first_significant"] == "1"
+    assert float(share["delta_parent_first_mean"]) == pytest.approx(-0.10)
+    assert float(share["delta_parent_first_low"]) == pytest.approx(-0.163531, abs=1e-6)
 
 
 # --- grids: siblings of one base -----------------------------------------------------------------
