@@ -60,7 +60,9 @@ if len(done) and int(done.min()) < 2 * window:
 st.subheader("Each arm's signature")
 st.markdown(
     "The metrics each arm's change is about (from its config diff to its parent arm): "
-    "Δ parent is the evidence that its mechanism acted."
+    "Δ parent is the evidence that its mechanism acted, over the last steps and over the "
+    "first (a mechanism that acts on truncations or uninformative groups is largest early, "
+    "while there are many)."
 )
 summary = mechanisms.signature(table)
 if summary.empty:
