@@ -23,7 +23,6 @@ CELLS = {
     "first window": "first",
     "Δ parent (first window)": "delta_parent_first",
 }
-DELTAS = ("delta_parent", "delta_parent_first")
 SUMMARY_COLUMNS = ["arm", "mean", "low", "high", "first", "n", "focus", "text"]
 
 
@@ -46,18 +45,17 @@ def signature_css(table: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
     """Bold Δ cells of `signature(table)` whose interval excludes 0."""
     css = pd.DataFrame("", index=shown.index, columns=shown.columns)
     focus = table[table["focus"]].reset_index(drop=True)
-    # the signature's Δ columns: "Δ parent" (last window), then "Δ parent, first <w>"
-    columns = [c for c in shown.columns if str(c).startswith("Δ parent")]
+    labels = mechanisms.delta_labels(mechanisms.window_of(table))
     # signature rows follow the focus rows in order; rows naming no metric carry no estimate
     significant = {
-        (str(r["arm"]), mechanisms.metric_label(str(r["metric"])), column)
+        (str(r["arm"]), mechanisms.metric_label(str(r["metric"])), labels[delta])
         for r in focus.to_dict("records")
-        for column, delta in zip(columns, DELTAS, strict=False)
+        for delta in mechanisms.DELTAS
         if r[delta].excludes_zero
     }
     for i, record in shown.iterrows():
         label = str(record["metric"]).removeprefix(f"{mechanisms.FOCUS_MARK} ")
-        for column in columns:
+        for column in labels.values():
             if (str(record["arm"]), label, column) in significant:
                 css.loc[i, column] = SIGNIFICANT_CSS
     return css
@@ -74,7 +72,7 @@ def wide(table: pd.DataFrame, cell: str) -> pd.DataFrame:
         for record in mine.to_dict("records"):
             metric = str(record["metric"])
             row[mechanisms.metric_label(metric)] = mechanisms.value_text(
-                record[cell], metric, signed=cell in DELTAS
+                record[cell], metric, signed=cell in mechanisms.DELTAS
             )
         rows.append(row)
     columns = ["arm", "changes", *(mechanisms.metric_label(m) for m in metrics(table))]
@@ -91,7 +89,7 @@ def wide_css(table: pd.DataFrame, cell: str) -> pd.DataFrame:
         parts = []
         if record["focus"]:
             parts.append(FOCUS_CSS)
-        if cell in DELTAS and record[cell].excludes_zero:
+        if cell in mechanisms.DELTAS and record[cell].excludes_zero:
             parts.append(SIGNIFICANT_CSS)
         css.loc[i, column] = "; ".join(parts)
     return css

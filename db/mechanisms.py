@@ -190,7 +190,8 @@ def metric_label(metric: str) -> str:
     return f"{metric} ({unit(metric)})" if unit(metric) else metric
 
 
-def _window(table: pd.DataFrame) -> int:
+def window_of(table: pd.DataFrame) -> int:
+    """The table's window in rollout steps (0 for an empty table)."""
     return int(table["window"].iloc[0]) if len(table) else 0
 
 
@@ -199,7 +200,7 @@ def mechanism_records(table: pd.DataFrame, *, focus_only: bool = False) -> list[
     keeps the metrics each arm's change is about (its signature); an arm that changes keys
     no metric is about shows one row saying so, and an arm that changes nothing (the base)
     none."""
-    w = _window(table)
+    w = window_of(table)
     records: list[dict[str, str]] = []
     shown_arms: set[str] = set()
     for row in table.to_dict("records"):
@@ -227,22 +228,27 @@ def _record(row: Mapping[str, Any], w: int, metric: str | None = None) -> dict[s
         "metric": metric if metric is not None else label,
         f"first {w}": MISSING if empty else value_text(row["first"], name),
         f"last {w}": MISSING if empty else value_text(row["last"], name),
-        "Δ parent": MISSING if empty else value_text(row["delta_parent"], name, signed=True),
-        f"Δ parent, first {w}": (
-            MISSING if empty else value_text(row["delta_parent_first"], name, signed=True)
-        ),
+        **{
+            label: MISSING if empty else value_text(row[delta], name, signed=True)
+            for delta, label in delta_labels(w).items()
+        },
     }
+
+
+def delta_labels(w: int) -> dict[str, str]:
+    """Each Δ column of the table (DELTAS) -> its heading, for a window of `w` steps."""
+    return {"delta_parent": "Δ parent", "delta_parent_first": f"Δ parent, first {w}"}
 
 
 def caption(table: pd.DataFrame) -> str:
     """What the numbers are, in one line."""
-    w = _window(table)
+    w = window_of(table)
     return (
         f"per seed, the metric's mean over the first and the last {w} rollout steps of its "
         "run (the runs behind the scores); mean over seeds [95% t-interval over seeds]; "
         f"Δ parent: last-{w} mean − the parent arm's, paired by seed (Δ parent, first {w}: "
-        f"the same over the first {w}), {SIGNIFICANT} = the interval excludes 0; {FOCUS_MARK} = a metric the arm's change (its config diff to "
-        "its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
+        f"the same over the first {w}), {SIGNIFICANT} = the interval excludes 0; "
+        f"{FOCUS_MARK} = a metric the arm's change (its config diff to its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
         "logged"
     )
 
@@ -262,7 +268,9 @@ def _blank_repeats(records: Sequence[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-ESTIMATES = ("first", "last", "delta_parent", "delta_parent_first")  # the table's Estimate columns
+# The table's Estimate columns: the paired Δs to the parent, and all of them.
+DELTAS = ("delta_parent", "delta_parent_first")
+ESTIMATES = ("first", "last", *DELTAS)
 
 
 def _csv(table: pd.DataFrame) -> str:
@@ -272,7 +280,7 @@ def _csv(table: pd.DataFrame) -> str:
     columns = ["arm", "parent", "changes", "metric", "focus", "window"]
     for name in ESTIMATES:
         columns += [f"{name}_mean", f"{name}_low", f"{name}_high", f"{name}_n"]
-    columns += ["delta_parent_significant", "delta_parent_first_significant", "interval"]
+    columns += [*(f"{name}_significant" for name in DELTAS), "interval"]
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
 
@@ -292,7 +300,7 @@ def _csv(table: pd.DataFrame) -> str:
             estimate: stats.Estimate = row[name]
             out[f"{name}_mean"], out[f"{name}_n"] = num(estimate.mean), estimate.n
             out[f"{name}_low"], out[f"{name}_high"] = num(estimate.low), num(estimate.high)
-        for name in ("delta_parent", "delta_parent_first"):
+        for name in DELTAS:
             out[f"{name}_significant"] = int(row[name].excludes_zero)
         out["interval"] = f"{round(100 * stats.LEVEL)}% {stats.OVER_SEEDS}"
         writer.writerow(out)
