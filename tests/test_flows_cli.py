@@ -8,7 +8,6 @@ has), else in .cache/ so that only the first run on a machine pays its set-up.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -174,7 +173,7 @@ import sys, time
 from flows.commands import prepare_terminal, use_temporary_server
 prepare_terminal()
 server = use_temporary_server()
-print(server.process.pid, flush=True)
+print(server.process.pid, server.api_url, flush=True)
 time.sleep(600)
 """
 
@@ -190,14 +189,11 @@ def test_the_temporary_prefect_server_dies_with_a_killed_driver(env: dict[str, s
     server_pid = None
     try:
         assert driver.stdout is not None
-        server_pid = int(driver.stdout.readline().strip())  # printed once the server answers
+        pid, api_url = driver.stdout.readline().split()  # printed once the server answers
+        server_pid = int(pid)
         cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")
         assert b"flows.local_server" in cmdline
-        api_url = None
-        for key, value in itertools.pairwise(cmdline):
-            if key == b"--port":
-                api_url = f"http://127.0.0.1:{int(value)}/api"
-        assert api_url and healthy(api_url)
+        assert healthy(api_url)
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
         deadline = time.monotonic() + 30
