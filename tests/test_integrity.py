@@ -294,3 +294,25 @@ def test_non_finite_values_are_one_line_and_exit_2(value: str, tmp_path: Path) -
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: algo.clip_high={float(value)}: must be a finite number"
     assert not (tmp_path / METRICS_FILE).exists()
+
+
+# --- issue 21.11: a damaged JSON-lines file is named, not a JSONDecodeError -------------------
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [(b"\0" * 64 + b"\n", "NUL bytes"), (b"not json\n", "not a JSON record with a step")],
+)
+def test_a_damaged_line_names_the_file_and_line_when_the_sink_opens(
+    tmp_path: Path, bad: bytes, what: str
+) -> None:
+    with JsonlSink(tmp_path) as sink:
+        sink.log_metrics(1, {"acc/mean": 0.5})
+    with (tmp_path / METRICS_FILE).open("ab") as handle:
+        handle.write(bad)  # a crash left a block of NULs where step 2's record was
+        handle.write(b'{"step": 3, "metrics": {"acc/mean": 0.5}}\n')
+    before = (tmp_path / METRICS_FILE).read_bytes()
+    with pytest.raises(ValueError) as err:
+        JsonlSink(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / METRICS_FILE}: line 2 is {what}")
+    assert "\n" not in message
+    assert (tmp_path / METRICS_FILE).read_bytes() == before  # nothing rewritten around it

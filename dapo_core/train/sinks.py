@@ -34,6 +34,9 @@ class JsonlSink:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, IO[str]] = {}
+        # A damaged file is said when the run starts, not after its first step's work.
+        for name in (METRICS_FILE, SAMPLES_FILE, EVALUATIONS_FILE):
+            check_records(self.path / name)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {name: _number(value) for name, value in metrics.items()}
@@ -108,6 +111,17 @@ def repair_torn_tail(path: Path) -> int:
         return size - keep
 
 
+def check_records(path: Path) -> None:
+    """ValueError naming the file and line when a complete line of a JSON-lines file is not a
+    record (a torn last line, without its newline, is the next write's to repair)."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.endswith(b"\n"):
+                _record_step(path, number, line)
+
+
 def cut_from_step(path: Path, step: int) -> int:
     """Drop the records of `step` and later from a step-ordered JSON-lines file (they are about
     to be written again); returns how many were dropped."""
@@ -115,8 +129,8 @@ def cut_from_step(path: Path, step: int) -> int:
         return 0
     with path.open("rb+") as handle:
         offset, dropped = 0, 0
-        for line in handle:
-            if json.loads(line)["step"] >= step:
+        for number, line in enumerate(handle, start=1):
+            if _record_step(path, number, line) >= step:
                 dropped = 1 + sum(1 for _ in handle)
                 break
             offset += len(line)
@@ -125,6 +139,20 @@ def cut_from_step(path: Path, step: int) -> int:
             handle.flush()
             os.fsync(handle.fileno())
         return dropped
+
+
+def _record_step(path: Path, number: int, line: bytes) -> int:
+    """The step of one record, or ValueError naming the file and line: a crash on some file
+    systems leaves a block of NUL bytes where a record was, and rewriting around it would
+    hide which steps are gone."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        what = "NUL bytes" if line.strip(b"\0\n") == b"" else "not a JSON record with a step"
+        raise ValueError(
+            f"{path}: line {number} is {what}; the file is damaged: move it aside to start its "
+            "record over, or cut it back to the last good line"
+        ) from None
 
 
 class NullSink:
