@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dapo_core.setup.arms import ARM_NAMES, build_arm_config  # noqa: E402
+from dapo_core.setup.ladders import paper_ladder  # noqa: E402
 
 
 def _direct_one(job: tuple[str, dict[str, Any], str]) -> tuple[str, float]:
@@ -49,7 +49,8 @@ def direct(
     arms: list[str], overrides: dict[str, Any], work: Path, workers: int
 ) -> tuple[float, dict[str, float]]:
     jobs = [
-        (arm, build_arm_config(arm, "tiny", overrides).to_dict(), str(work / arm)) for arm in arms
+        (arm, paper_ladder().config(arm, "tiny", overrides).to_dict(), str(work / arm))
+        for arm in arms
     ]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -91,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--arms", nargs="+", default=list(ARM_NAMES))
+    parser.add_argument("--arms", nargs="+", default=list(paper_ladder().names))
     parser.add_argument("--steps", type=int, help="rollout steps per arm (default: the preset's)")
     parser.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="direct baseline's processes"
@@ -102,7 +103,8 @@ def main() -> None:
     from dapo_core.models import tiny_model_dir
 
     t0 = time.perf_counter()
-    tiny_model_dir(build_arm_config("grpo", "tiny").model)  # warm start built and cached, untimed
+    # The warm start is built and cached here, untimed.
+    tiny_model_dir(paper_ladder().config("grpo", "tiny").model)
     print(f"warm start ready in {time.perf_counter() - t0:.1f} s", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench-orch-", dir=ROOT / ".cache") as tmp:

@@ -57,9 +57,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from dapo_core.data.loaders import load_problems
     from dapo_core.models import load_policy
-    from dapo_core.setup.arms import build_arm_config
+    from dapo_core.setup.ladders import paper_ladder
 
-    cfg = build_arm_config(
+    cfg = paper_ladder().config(
         "token_loss",
         "tiny",
         {

@@ -39,14 +39,14 @@ def main() -> None:
     from dapo_core.data.loaders import load_problems
     from dapo_core.engines import make_engine
     from dapo_core.models import load_policy
-    from dapo_core.setup.arms import build_arm_config
+    from dapo_core.setup.ladders import paper_ladder
     from dapo_core.train.batching import Seq, pack
     from dapo_core.train.collective import LOCAL
     from dapo_core.train.policy import PolicyForward
     from dapo_core.train.trainer import Trainer
     from dapo_core.train.update import Updater, make_optimizer
 
-    cfg = build_arm_config(
+    cfg = paper_ladder().config(
         "token_loss",
         "tiny",
         {"algo.overlong_penalty": False, "algo.overlong_filter": False, "run.seed": 0},

@@ -1,8 +1,8 @@
 """The `dapo` console script: one argparse dispatcher over the subcommands each layer provides.
 
-Each layer registers its own subcommands (dapo_core.cli, db.cli, dashboard.cli, flows.commands),
-imported lazily so that `dapo table` never pays for torch. User mistakes surface as one line
-on stderr and exit code 2; set DAPO_DEBUG=1 to see the traceback instead.
+Each layer registers its own subcommands (dapo_core.cli, db.cli, dashboard.cli, flows.commands,
+flows.export), imported lazily so that `dapo table` never pays for torch. User mistakes surface
+as one line on stderr and exit code 2; set DAPO_DEBUG=1 to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from typing import NoReturn
 from dapo_core.cli import USER_ERRORS
 
 # (module, what it provides) in the order `dapo --help` lists them.
-_REGISTRARS: tuple[str, ...] = ("dapo_core.cli", "flows.commands", "db.cli", "dashboard.cli")
+_REGISTRARS: tuple[str, ...] = (
+    "dapo_core.cli",
+    "flows.commands",
+    "db.cli",
+    "flows.export",
+    "dashboard.cli",
+)
 
 
 DESCRIPTION = """\
@@ -42,15 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dapo", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Every layer ships in the one distribution (pyproject's packages), so each import must
+    # succeed: a failure is a broken install and surfaces as such.
     for name in _REGISTRARS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # A layer that is not installed (or not built yet) simply offers no commands.
-            if exc.name and name.startswith(exc.name.split(".")[0]) and exc.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

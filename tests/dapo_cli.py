@@ -75,14 +75,14 @@ def dapo(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.Co
 def stored_sweep(store: Any, params: Any, name: str) -> int:
     """A sweep row for `params` (flows.params.SweepParams) as `dapo sweep` stores one, on grpo's
     tiny config and the paper's ladder; returns its id."""
-    from dapo_core.setup.arms import build_arm_config, ladder_rows
+    from dapo_core.setup.ladders import paper_ladder
 
     return store.create_sweep(  # type: ignore[no-any-return]
         name=name,
         preset="tiny",
         arms=params.arms,
         seeds=params.seeds,
-        base_config=build_arm_config("grpo", "tiny").to_dict(),
-        ladder=ladder_rows(),
+        base_config=paper_ladder().config("grpo", "tiny").to_dict(),
+        ladder=paper_ladder().rows(),
         params=params.model_dump(),
     )

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_core.setup.arms import (
-    ARM_NAMES,
-    ARMS,
-    arm_changes,
-    build_arm_config,
-    format_ladder,
-    get_arm,
-    ladder_rows,
-)
 from dapo_core.setup.config import ConfigError, flatten
+from dapo_core.setup.ladders import paper_ladder
 from dapo_core.setup.presets import PRESETS, preset_config
 
 # The ladder as arms.py held it in Python before it became paper.toml, written out again here
@@ -55,7 +47,7 @@ TODAYS_ARMS = [
     ),
 ]
 
-# What each arm must change relative to the previous arm, written out independently of ARMS.
+# What each arm must change relative to the previous arm, written out independently of paper_ladder().arms.
 EXPECTED_DIFF = {
     "overlong_filter": {"algo.overlong_filter": (False, True)},
     "clip_higher": {"algo.clip_high": (0.2, 0.28)},
@@ -71,32 +63,32 @@ def _diff(a: dict, b: dict) -> dict:
 
 
 def test_the_paper_file_holds_exactly_todays_six_arms() -> None:
-    assert [(a.name, a.adds, a.paper_score, a.changes) for a in ARMS] == TODAYS_ARMS
+    assert [(a.name, a.adds, a.paper_score, a.changes) for a in paper_ladder().arms] == TODAYS_ARMS
     # Types too: a 0 where 0.0 was would change the config hash of every stored run.
-    for arm, (*_, changes) in zip(ARMS, TODAYS_ARMS, strict=True):
+    for arm, (*_, changes) in zip(paper_ladder().arms, TODAYS_ARMS, strict=True):
         assert [type(v) for v in arm.changes.values()] == [type(v) for v in changes.values()]
     cumulative: dict = {}
-    for arm, (*_, changes) in zip(ARMS, TODAYS_ARMS, strict=True):
+    for arm, (*_, changes) in zip(paper_ladder().arms, TODAYS_ARMS, strict=True):
         cumulative.update(changes)
-        assert arm_changes(arm.name) == cumulative
+        assert paper_ladder().changes(arm.name) == cumulative
         for preset in PRESETS:
             # The config (and so its hash, which names runs) is what the Python table built.
             expected = preset_config(preset, arm=arm.name).with_overrides(
                 {**cumulative, "arm": arm.name}
             )
-            assert build_arm_config(arm.name, preset) == expected
-            assert build_arm_config(arm.name, preset).config_hash() == expected.config_hash()
+            assert paper_ladder().config(arm.name, preset) == expected
+            assert paper_ladder().config(arm.name, preset).config_hash() == expected.config_hash()
 
 
 def test_ladder_rows_carry_each_arms_parent() -> None:
-    assert ladder_rows() == [
+    assert paper_ladder().rows() == [
         {"arm": n, "adds": a, "parent": p, "paper_score": s, "grid": {}}
-        for (n, a, s, _), p in zip(TODAYS_ARMS, [None, *ARM_NAMES[:-1]], strict=True)
+        for (n, a, s, _), p in zip(TODAYS_ARMS, [None, *paper_ladder().names[:-1]], strict=True)
     ]
 
 
 def test_ladder_order_and_paper_scores() -> None:
-    assert ARM_NAMES == (
+    assert paper_ladder().names == (
         "grpo",
         "overlong_filter",
         "clip_higher",
@@ -104,18 +96,18 @@ def test_ladder_order_and_paper_scores() -> None:
         "token_loss",
         "dapo",
     )
-    assert [a.paper_score for a in ARMS] == [30, 36, 38, 41, 42, 50]
+    assert [a.paper_score for a in paper_ladder().arms] == [30, 36, 38, 41, 42, 50]
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_each_arm_differs_from_the_previous_by_exactly_its_change(preset: str) -> None:
-    configs = [build_arm_config(name, preset).to_dict() for name in ARM_NAMES]
-    for prev, cur, name in zip(configs, configs[1:], ARM_NAMES[1:], strict=False):
+    configs = [paper_ladder().config(name, preset).to_dict() for name in paper_ladder().names]
+    for prev, cur, name in zip(configs, configs[1:], paper_ladder().names[1:], strict=False):
         assert _diff(prev, cur) == EXPECTED_DIFF[name], name
 
 
 def test_baseline_is_naive_grpo() -> None:
-    algo = build_arm_config("grpo").algo
+    algo = paper_ladder().config("grpo").algo
     assert (algo.clip_low, algo.clip_high) == (0.2, 0.2)
     assert algo.loss_agg == "seq-mean-token-mean"
     assert not (algo.overlong_filter or algo.overlong_penalty or algo.dynamic_sampling)
@@ -123,26 +115,26 @@ def test_baseline_is_naive_grpo() -> None:
 
 
 def test_dapo_has_every_technique() -> None:
-    algo = build_arm_config("dapo").algo
+    algo = paper_ladder().config("dapo").algo
     assert (algo.clip_low, algo.clip_high) == (0.2, 0.28)
     assert algo.loss_agg == "token-mean"
     assert algo.overlong_filter and algo.overlong_penalty and algo.dynamic_sampling
 
 
 def test_user_overrides_move_the_whole_ladder() -> None:
-    cfgs = [build_arm_config(n, "tiny", {"run.steps": 3}) for n in ARM_NAMES]
+    cfgs = [paper_ladder().config(n, "tiny", {"run.steps": 3}) for n in paper_ladder().names]
     assert {c.run.steps for c in cfgs} == {3}
-    assert len({c.config_hash() for c in cfgs}) == len(ARM_NAMES)
+    assert len({c.config_hash() for c in cfgs}) == len(paper_ladder().names)
 
 
 def test_unknown_arm() -> None:
     with pytest.raises(ConfigError, match="unknown arm 'dapo2'"):
-        get_arm("dapo2")
+        paper_ladder().arm("dapo2")
     with pytest.raises(ConfigError):
-        arm_changes("nope")
+        paper_ladder().changes("nope")
 
 
 def test_format_ladder_lists_every_arm() -> None:
-    text = format_ladder()
-    for arm in ARMS:
+    text = paper_ladder().format()
+    for arm in paper_ladder().arms:
         assert arm.name in text and f"{arm.paper_score:.0f}" in text

@@ -252,6 +252,12 @@ BAD = [
     ({"seeds": []}, "seeds: no seeds given"),
     ({"ray_address": "127.0.0.1:9"}, "cannot reach the Ray cluster at 127.0.0.1:9"),
     ({"store_url": "postgresql+psycopg://nobody@127.0.0.1:9/nowhere"}, "cannot open the store"),
+    # The form's JSON editor: a value that cannot be its field's type is one line, not the
+    # TypeError a config built from it would raise.
+    (
+        {"overrides": {"algo.clip_high": "high"}},
+        "overrides: algo.clip_high='high': expected a number",
+    ),
 ]
 
 
@@ -268,6 +274,27 @@ def test_bad_parameters_fail_the_flow_run_with_one_line_and_write_nothing(served
         assert want in reason, reason
         assert "\n" not in run.state.message.strip(), run.state.message
     assert sweep_ids(served) == before
+
+
+def test_an_override_typed_as_text_in_the_form_is_its_fields_type(served: Served) -> None:
+    """{"algo.clip_high": "0.28"} from the form trains with ε_high = 0.28, as --set would."""
+    params = {
+        "arms": ["grpo"],
+        "seeds": [0],
+        "steps": 1,
+        "overrides": {**FAST, "algo.clip_high": "0.28", "run.samples_per_step": "1"},
+        "name": "typed-overrides",
+    }
+    run = wait_final(served, trigger(served, "ablation-sweep/dapo-sweep", params))
+    assert run.state.is_completed(), (run.state, served.log.read_text()[-3000:])
+    st = store(served)
+    sweep_id = max(sweep_ids(served))
+    assert st.get_sweep(sweep_id)["name"] == "typed-overrides"
+    attempt = st.latest_attempt(sweep_id, "grpo", 0)
+    assert attempt is not None and attempt["status"] == "completed"
+    config = st.get_run(int(attempt["run_id"]))["config"]
+    assert config["algo"]["clip_high"] == 0.28 and isinstance(config["algo"]["clip_high"], float)
+    assert config["run"]["samples_per_step"] == 1
 
 
 # --- a sweep from the UI ---------------------------------------------------------------------------

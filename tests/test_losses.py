@@ -79,7 +79,7 @@ def test_policy_loss_value_gradient_and_metrics_hand_computed() -> None:
     old = torch.zeros(1, 6, dtype=F64)
     adv = _t([[1.0, 1.0, -1.0, -1.0, 1.0, -1.0]])
     mask = torch.ones(1, 6)
-    loss, metrics = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, metrics, counts = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
     # per token (see the test above): −1.28 −1.1 +0.8 +0.9 −0.5 +1.5 = 0.32; token-mean 0.32/6
     assert loss.item() == pytest.approx(0.32 / 6)
     loss.backward()
@@ -93,14 +93,14 @@ def test_policy_loss_value_gradient_and_metrics_hand_computed() -> None:
     #                    = 0.585415 / 6 = 0.097569
     assert metrics[M.APPROX_KL] == pytest.approx(0.097569, abs=1e-6)
     assert metrics[M.POLICY_LOSS] == pytest.approx(0.32 / 6)
-    assert metrics["_n_tokens"] == 6
-    assert metrics["_n_clip_high"] == 1 and metrics["_n_clip_low"] == 1
+    assert counts.tokens == 6
+    assert counts.clip_high == 1 and counts.clip_low == 1
 
 
 def test_dual_clip_metric_counts_only_negative_advantages() -> None:
     # r = [4, 4, 2], A = [−1, +1, −1], c = 3: only token 0 has A < 0 and r > c.
     lp = torch.log(_t([[4.0, 4.0, 2.0]]))
-    _, metrics = policy_loss(
+    _, metrics, _ = policy_loss(
         lp,
         torch.zeros_like(lp),
         _t([[-1.0, 1.0, -1.0]]),
@@ -119,7 +119,7 @@ def test_clip_higher_keeps_the_gradient_of_a_rising_token() -> None:
     grads = {}
     for eps_high in (0.2, 0.28):
         lp = torch.log(_t([[1.25]])).requires_grad_(True)
-        loss, _ = policy_loss(
+        loss, _, _ = policy_loss(
             lp,
             torch.zeros(1, 1, dtype=F64),
             _t([1.0]),
@@ -138,8 +138,8 @@ def test_advantages_per_sequence_broadcast_over_tokens() -> None:
     old = lp.detach() + 0.1
     adv = _t([0.5, -1.0, 2.0])
     mask = torch.ones(3, 4)
-    a, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
-    b, _ = policy_loss(lp, old, adv[:, None].expand(3, 4), mask, clip_low=0.2, clip_high=0.28)
+    a, _, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    b, _, _ = policy_loss(lp, old, adv[:, None].expand(3, 4), mask, clip_low=0.2, clip_high=0.28)
     assert a.item() == b.item()
 
 
@@ -202,7 +202,7 @@ def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str, loss_mode: 
     lp.requires_grad_(True)
     old = _t([[-0.6, -0.9, float("inf")], [-0.3, 0.0, float("nan")]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    loss, metrics = policy_loss(
+    loss, metrics, _ = policy_loss(
         lp,
         old,
         _t([1.0, -1.0]),
@@ -322,14 +322,14 @@ def test_micro_batches_with_global_counts_give_the_one_batch_gradient(
     kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": clip_c, "agg": agg, "max_len": T + 2}
     kw["loss_mode"] = loss_mode
 
-    full, _ = policy_loss(lp, old, adv, mask, token_weights=w if weighted else None, **kw)
+    full, _, _ = policy_loss(lp, old, adv, mask, token_weights=w if weighted else None, **kw)
     (full_grad,) = torch.autograd.grad(full, lp)
 
     counts = _global_counts(agg, mask)
     total = torch.zeros((), dtype=F64)
     for a, b in _splits(B, cuts):
         part_w = w[a:b] if weighted else None
-        part, _ = policy_loss(
+        part, _, _ = policy_loss(
             lp[a:b], old[a:b], adv[a:b], mask[a:b], token_weights=part_w, **kw, **counts
         )
         total = total + part
@@ -358,12 +358,14 @@ def test_micro_batches_on_a_linear_policy_give_the_one_batch_parameter_gradient(
     old = (logprobs(slice(None)) + 0.3 * torch.randn(B, T, generator=g, dtype=F64)).detach()
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T}
 
-    full, _ = policy_loss(logprobs(slice(None)), old, adv, mask, **kw)
+    full, _, _ = policy_loss(logprobs(slice(None)), old, adv, mask, **kw)
     (full_grad,) = torch.autograd.grad(full, W)
 
     counts = _global_counts(agg, mask)
     for a, b in [(0, 2), (2, 3), (3, 6)]:
-        part, _ = policy_loss(logprobs(slice(a, b)), old[a:b], adv[a:b], mask[a:b], **kw, **counts)
+        part, _, _ = policy_loss(
+            logprobs(slice(a, b)), old[a:b], adv[a:b], mask[a:b], **kw, **counts
+        )
         part.backward()  # gradients accumulate in W.grad, as in a trainer
     torch.testing.assert_close(W.grad, full_grad)
 
@@ -380,7 +382,7 @@ def test_naive_per_micro_batch_mean_is_not_the_one_batch_gradient(agg: str) -> N
     adv = _t([1.0, -0.5, 2.0])
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg}
-    full, _ = policy_loss(lp, old, adv, mask, **kw)
+    full, _, _ = policy_loss(lp, old, adv, mask, **kw)
     (full_grad,) = torch.autograd.grad(full, lp)
 
     splits = [(0, 1), (1, 3)]
@@ -405,8 +407,8 @@ def test_token_mean_equals_seq_mean_when_all_lengths_are_equal(
     lp, old, adv, _ = _batch(seed, B, T)
     mask = (torch.arange(T) < L)[None, :].expand(B, T)
     kw = {"clip_low": 0.2, "clip_high": 0.28}
-    a, _ = policy_loss(lp, old, adv, mask, agg="token-mean", **kw)
-    b, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean", **kw)
+    a, _, _ = policy_loss(lp, old, adv, mask, agg="token-mean", **kw)
+    b, _, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean", **kw)
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(torch.autograd.grad(a, lp)[0], torch.autograd.grad(b, lp)[0])
 
@@ -433,20 +435,20 @@ def test_raw_sums_combine_into_the_one_batch_fractions(
     lp, old, adv, mask = _batch(seed, B, T)
     old = lp.detach() + torch.randn(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
     kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 2.0, "loss_mode": loss_mode}
-    _, full = policy_loss(lp, old, adv, mask, **kw)
+    _, full, full_counts = policy_loss(lp, old, adv, mask, **kw)
     c = min(cut, B - 1)
     parts = [
-        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw)[1] for a, b in [(0, c), (c, B)]
+        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw)[2] for a, b in [(0, c), (c, B)]
     ]
-    n = sum(p["_n_tokens"] for p in parts)
-    assert n == full["_n_tokens"]
+    n = sum(p.tokens for p in parts)
+    assert n == full_counts.tokens
     for key, raw in [
-        (M.CLIP_RATIO_HIGH, "_n_clip_high"),
-        (M.CLIP_RATIO_LOW, "_n_clip_low"),
-        (M.CLIP_RATIO_DUAL, "_n_clip_dual"),
-        (M.APPROX_KL, "_sum_kl"),
+        (M.CLIP_RATIO_HIGH, "clip_high"),
+        (M.CLIP_RATIO_LOW, "clip_low"),
+        (M.CLIP_RATIO_DUAL, "clip_dual"),
+        (M.APPROX_KL, "sum_kl"),
     ]:
-        assert sum(p[raw] for p in parts) / n == pytest.approx(full[key], abs=1e-12)
+        assert sum(getattr(p, raw) for p in parts) / n == pytest.approx(full[key], abs=1e-12)
 
 
 # --- PPO as the special case ε_low = ε_high, and the dual clip ---------------------------------
@@ -470,7 +472,7 @@ def _ppo_clip_reference(
 )
 def test_equal_clip_bounds_give_ppo(seed: int, B: int, T: int, eps: float) -> None:
     lp, old, adv, mask = _batch(seed, B, T)
-    ours, _ = policy_loss(lp, old, adv, mask, clip_low=eps, clip_high=eps, agg="token-mean")
+    ours, _, _ = policy_loss(lp, old, adv, mask, clip_low=eps, clip_high=eps, agg="token-mean")
     ref = _ppo_clip_reference(lp, old, adv, mask, eps)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(ref, lp)[0])
@@ -515,7 +517,7 @@ def test_gspo_hand_computed() -> None:
     #   row 2: r = [4, 1], A = +1: log s = (ln 4 + 0)/2 = ln 2, s = 2 > 1.28 → ℓ = −1.28 (clipped)
     # token-mean: (−2 + 3 − 2.56) / 6 = −0.26
     lp = torch.log(_t([[2.0, 0.5], [1.5, 1.5], [4.0, 1.0]])).requires_grad_(True)
-    loss, metrics = policy_loss(
+    loss, metrics, counts = policy_loss(
         lp,
         torch.zeros(3, 2, dtype=F64),
         _t([1.0, -1.0, 1.0]),
@@ -528,8 +530,8 @@ def test_gspo_hand_computed() -> None:
     loss.backward()
     # dℓ_t/dlp_t = −A·s on the unclipped branch (s_t = sg[s]·π_t/sg[π_t]), 0 where clipped.
     torch.testing.assert_close(lp.grad, _t([[-1.0, -1.0], [1.5, 1.5], [0.0, 0.0]]) / 6)
-    assert metrics["_n_clip_high"] == 2  # both tokens of row 2, by the sequence's ratio
-    assert metrics["_n_clip_low"] == 0 and metrics["_n_clip_dual"] == 0
+    assert counts.clip_high == 2  # both tokens of row 2, by the sequence's ratio
+    assert counts.clip_low == 0 and counts.clip_dual == 0
     # k1 is per token, as for vanilla: −(0 + 2 ln 1.5 + ln 4)/6 = −2.197225/6
     assert metrics[M.APPROX_KL] == pytest.approx(-0.366204, abs=1e-6)
 
@@ -538,7 +540,7 @@ def test_gspo_sequence_length_counts_only_the_loss_tokens() -> None:
     # One row, r = [4, e^5 (padding)], mask [1, 0], A = −1: s = 4 (length 1, not 2), so
     # ℓ = max(−A·4, −A·1.28) = 4, and the dual clip does not exist in GSPO (clip_c ignored).
     lp = torch.log(_t([[4.0, math.exp(5.0)]]))
-    loss, metrics = policy_loss(
+    loss, _, counts = policy_loss(
         lp,
         torch.zeros(1, 2, dtype=F64),
         _t([-1.0]),
@@ -549,7 +551,7 @@ def test_gspo_sequence_length_counts_only_the_loss_tokens() -> None:
         loss_mode="gspo",
     )
     assert loss.item() == pytest.approx(4.0)
-    assert metrics["_n_clip_dual"] == 0
+    assert counts.clip_dual == 0
 
 
 def test_cispo_hand_computed() -> None:
@@ -558,7 +560,7 @@ def test_cispo_hand_computed() -> None:
     # −0.693147, −0.105361]; ℓ = −w·A·lp = [−0.518995, −0.104841, −0.554518, −0.094825]
     # token-mean: −1.273179 / 4 = −0.318295
     lp = torch.log(_t([[1.5, 1.1, 0.5, 0.9]])).requires_grad_(True)
-    loss, metrics = policy_loss(
+    loss, _, counts = policy_loss(
         lp,
         torch.zeros(1, 4, dtype=F64),
         _t([[1.0, 1.0, -1.0, -1.0]]),
@@ -572,9 +574,9 @@ def test_cispo_hand_computed() -> None:
     # ∇ = −w·A / 4: every token keeps a gradient, the clipped ones too (vanilla gives token 0
     # and token 2 none).
     torch.testing.assert_close(lp.grad, _t([[-1.28, -1.1, 0.8, 0.9]]) / 4)
-    assert metrics["_n_clip_high"] == 1  # r = 1.5 > 1.28
-    assert metrics["_n_clip_low"] == 1  # r = 0.5 < 0.8
-    assert metrics["_n_clip_dual"] == 0
+    assert counts.clip_high == 1  # r = 1.5 > 1.28
+    assert counts.clip_low == 1  # r = 0.5 < 0.8
+    assert counts.clip_dual == 0
 
 
 def test_cispo_clip_counts_ignore_the_sign_of_the_advantage() -> None:
@@ -583,10 +585,10 @@ def test_cispo_clip_counts_ignore_the_sign_of_the_advantage() -> None:
     lp = torch.log(_t([[1.5, 0.5]]))
     kw = {"clip_low": 0.2, "clip_high": 0.28}
     old, adv, mask = torch.zeros(1, 2, dtype=F64), _t([[-1.0, 1.0]]), torch.ones(1, 2)
-    _, cispo = policy_loss(lp, old, adv, mask, loss_mode="cispo", **kw)
-    _, vanilla = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
-    assert (cispo["_n_clip_high"], cispo["_n_clip_low"]) == (1, 1)
-    assert (vanilla["_n_clip_high"], vanilla["_n_clip_low"]) == (0, 0)
+    _, _, cispo = policy_loss(lp, old, adv, mask, loss_mode="cispo", **kw)
+    _, _, vanilla = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    assert (cispo.clip_high, cispo.clip_low) == (1, 1)
+    assert (vanilla.clip_high, vanilla.clip_low) == (0, 0)
 
 
 @FAST
@@ -607,13 +609,13 @@ def test_gspo_with_equal_ratios_in_a_sequence_is_the_vanilla_surrogate(
     row_log_ratio = 0.6 * torch.randn(B, 1, generator=g, dtype=F64)
     old = lp.detach() - row_log_ratio
     kw = {"clip_low": eps[0], "clip_high": eps[1], "agg": agg, "max_len": T}
-    gspo, gm = policy_loss(lp, old, adv, mask, loss_mode="gspo", **kw)
-    vanilla, vm = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    gspo, _, gm = policy_loss(lp, old, adv, mask, loss_mode="gspo", **kw)
+    vanilla, _, vm = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
     torch.testing.assert_close(gspo, vanilla)
     torch.testing.assert_close(
         torch.autograd.grad(gspo, lp)[0], torch.autograd.grad(vanilla, lp)[0]
     )
-    assert (gm["_n_clip_high"], gm["_n_clip_low"]) == (vm["_n_clip_high"], vm["_n_clip_low"])
+    assert (gm.clip_high, gm.clip_low) == (vm.clip_high, vm.clip_low)
 
 
 @FAST
@@ -621,7 +623,7 @@ def test_gspo_with_equal_ratios_in_a_sequence_is_the_vanilla_surrogate(
 def test_cispo_gradient_is_the_clipped_weight_times_the_score(seed: int, B: int, T: int) -> None:
     # ∇_lp Σ ℓ / N = −A·clip(r, 1 − ε_low, 1 + ε_high) / N on loss tokens, 0 elsewhere.
     lp, old, adv, mask = _batch(seed, B, T)
-    loss, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_mode="cispo")
+    loss, _, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_mode="cispo")
     (grad,) = torch.autograd.grad(loss, lp)
     w = torch.exp(lp.detach() - old).clamp(0.8, 1.28)
     expected = torch.where(mask, -adv[:, None] * w, torch.zeros_like(w)) / mask.sum()
@@ -643,17 +645,17 @@ def test_token_weights_scale_each_tokens_loss(
     # nothing; zeros remove a token's gradient (its count stays in the normaliser).
     lp, old, adv, mask = _batch(seed, B, T)
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T, "loss_mode": loss_mode}
-    plain, plain_metrics = policy_loss(lp, old, adv, mask, **kw)
-    ones, ones_metrics = policy_loss(lp, old, adv, mask, token_weights=torch.ones(B, T), **kw)
+    plain, plain_metrics, _ = policy_loss(lp, old, adv, mask, **kw)
+    ones, ones_metrics, _ = policy_loss(lp, old, adv, mask, token_weights=torch.ones(B, T), **kw)
     assert ones.item() == plain.item()
     assert ones_metrics == plain_metrics
     w = torch.rand(B, T, generator=torch.Generator().manual_seed(seed), dtype=F64)
     w[:, 0] = 0.0
-    weighted, _ = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
+    weighted, _, _ = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
     (grad,) = torch.autograd.grad(weighted, lp)
     assert bool((grad[:, 0] == 0).all())
     # Linear in the weights: doubling them doubles the loss.
-    doubled, _ = policy_loss(lp, old, adv, mask, token_weights=2 * w, **kw)
+    doubled, _, _ = policy_loss(lp, old, adv, mask, token_weights=2 * w, **kw)
     torch.testing.assert_close(doubled, 2 * weighted)
 
 

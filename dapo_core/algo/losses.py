@@ -28,46 +28,110 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from dapo_core import metric_names as M
 
+Count = int | float | Tensor
+
+
+def _token_sum(loss: Tensor, mask: Tensor) -> Tensor:
+    """Σ_{i,t} ℓ_{i,t}: every token weighs the same (Eq. 12, Dr.GRPO)."""
+    return loss.sum()
+
+
+def _seq_mean_sum(loss: Tensor, mask: Tensor) -> Tensor:
+    """Σ_i (Σ_t ℓ_{i,t} / |o_i|): every sequence weighs the same (Eq. 10); an empty row gives 0."""
+    return (loss.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)).sum()
+
+
+def _by_tokens(
+    mask: Tensor, num_tokens: Count | None, num_seqs: Count | None, max_len: int | None
+) -> Count:
+    """num_tokens, default the valid tokens of `mask` (at least 1)."""
+    return mask.sum().clamp(min=1) if num_tokens is None else num_tokens
+
+
+def _by_seqs(
+    mask: Tensor, num_tokens: Count | None, num_seqs: Count | None, max_len: int | None
+) -> Count:
+    """num_seqs, default the rows with a valid token (at least 1): a row the overlong filter
+    emptied leaves the normaliser as it leaves the loss."""
+    return (mask.sum(dim=-1) > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
+
+
+def _by_budget(
+    mask: Tensor, num_tokens: Count | None, num_seqs: Count | None, max_len: int | None
+) -> Count:
+    """num_seqs · max_len, num_seqs default every row: Dr.GRPO's constant, which does not
+    depend on which tokens are valid."""
+    if max_len is None or max_len <= 0:
+        raise ValueError(
+            f"agg='seq-mean-token-sum-norm' needs max_len > 0 (the generation budget), got {max_len}"
+        )
+    seqs = mask.shape[0] if num_seqs is None else num_seqs
+    return seqs * max_len
+
+
+class Reduce(Protocol):
+    """The numerator of an aggregation: masked per-token loss `[B, T]` (zeros off the mask) and
+    the bool mask `[B, T]` → a scalar sum over sequences and tokens."""
+
+    def __call__(self, loss: Tensor, mask: Tensor) -> Tensor: ...
+
+
+class Normaliser(Protocol):
+    """The divisor of an aggregation from the mask `[B, T]` and the global counts passed in
+    (None: those of `mask`)."""
+
+    def __call__(
+        self, mask: Tensor, num_tokens: Count | None, num_seqs: Count | None, max_len: int | None
+    ) -> Count: ...
+
 
 @dataclass(frozen=True)
 class Aggregation:
-    """An aggregation mode and the global count it divides by, so that a trainer can count the
-    normaliser over a whole mini-batch (all micro-batches, all ranks) without knowing the mode."""
+    """An aggregation mode: its numerator (`reduce`), its divisor (`normaliser`), and how a
+    trainer counts that divisor over a whole mini-batch (all micro-batches, all ranks) without
+    knowing the mode (`counts`). `aggregate` is reduce / normaliser for every mode."""
 
     name: str
-    normaliser: Literal["tokens", "seqs", "all_seqs"]
-    """`tokens`: loss tokens (Eq. 12); `seqs`: sequences with a loss token (Eq. 10);
-    `all_seqs`: every sequence of the mini-batch, filtered ones included (Dr.GRPO)."""
+    reduce: Reduce
+    normaliser: Normaliser
+    per_sequence: bool
+    """Every sequence weighs the same (Eq. 10); False: every token does (Eq. 12, Dr.GRPO)."""
+    every_row: bool
+    """Its sequence count includes rows with no loss token, filtered ones too (Dr.GRPO)."""
 
     def counts(self, token_counts: Sequence[int], all_rows: int) -> tuple[int, int]:
         """(num_tokens, num_seqs) for `aggregate` from the loss rows' token counts and the
         number of rows in the mini-batch before any filter."""
-        num_tokens = int(sum(token_counts))
-        if self.normaliser == "all_seqs":
-            return num_tokens, int(all_rows)
-        return num_tokens, sum(1 for n in token_counts if n > 0)
+        num_seqs = int(all_rows) if self.every_row else sum(1 for n in token_counts if n > 0)
+        return int(sum(token_counts)), num_seqs
 
     def row_weights(self, token_counts: Sequence[int]) -> list[float]:
         """Each row's total weight in the loss, up to the common normaliser: its token count
-        when every token weighs the same (`tokens`, `all_seqs`), 1 when every sequence does
-        (`seqs`). What the token-level loss changes (§3.3): under it a long response weighs in
-        proportion to its length, under the sample-level loss like any other response."""
-        if self.normaliser == "seqs":
+        when every token weighs the same, 1 when every sequence does. What the token-level
+        loss changes (§3.3): under it a long response weighs in proportion to its length,
+        under the sample-level loss like any other response."""
+        if self.per_sequence:
             return [1.0 if n > 0 else 0.0 for n in token_counts]
         return [float(n) for n in token_counts]
 
 
 AGGREGATIONS: dict[str, Aggregation] = {
-    "token-mean": Aggregation("token-mean", "tokens"),
-    "seq-mean-token-mean": Aggregation("seq-mean-token-mean", "seqs"),
-    "seq-mean-token-sum-norm": Aggregation("seq-mean-token-sum-norm", "all_seqs"),
+    "token-mean": Aggregation(
+        "token-mean", _token_sum, _by_tokens, per_sequence=False, every_row=False
+    ),
+    "seq-mean-token-mean": Aggregation(
+        "seq-mean-token-mean", _seq_mean_sum, _by_seqs, per_sequence=True, every_row=False
+    ),
+    "seq-mean-token-sum-norm": Aggregation(
+        "seq-mean-token-sum-norm", _token_sum, _by_budget, per_sequence=False, every_row=True
+    ),
 }
 
 
@@ -93,9 +157,6 @@ def k3(log_rho: Tensor) -> Tensor:
     Computed as expm1(log ρ) − log ρ: expm1(x) rounds to no less than x, so the estimate stays
     ≥ 0 in floating point too, where exp(x) − x − 1 can come out a rounding error below 0."""
     return torch.expm1(log_rho) - log_rho
-
-
-Count = int | float | Tensor
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -147,30 +208,14 @@ def aggregate(
             f"per_token_loss {tuple(per_token_loss.shape)} and mask {tuple(mask.shape)} "
             "must both be [B, T]"
         )
-    if agg not in AGG_MODES:
-        raise ValueError(f"agg={agg!r}: use one of {', '.join(AGG_MODES)}")
+    mode = get_aggregation(agg)
     _check_count("num_tokens", num_tokens)
     _check_count("num_seqs", num_seqs)
 
     m = mask.bool()
+    denom = mode.normaliser(m, num_tokens, num_seqs, max_len)
     loss = torch.where(m, per_token_loss, torch.zeros_like(per_token_loss))  # [B, T]
-    if agg == "token-mean":
-        denom = m.sum().clamp(min=1) if num_tokens is None else num_tokens
-        return loss.sum() / denom
-
-    if agg == "seq-mean-token-mean":
-        tokens_per_seq = m.sum(dim=-1)  # [B]
-        seq_mean = loss.sum(dim=-1) / tokens_per_seq.clamp(min=1)  # [B]; empty rows give 0
-        denom = (tokens_per_seq > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
-        return seq_mean.sum() / denom
-
-    # seq-mean-token-sum-norm
-    if max_len is None or max_len <= 0:
-        raise ValueError(
-            f"agg='seq-mean-token-sum-norm' needs max_len > 0 (the generation budget), got {max_len}"
-        )
-    seqs = per_token_loss.shape[0] if num_seqs is None else num_seqs
-    return loss.sum() / (seqs * max_len)
+    return mode.reduce(loss, m) / denom
 
 
 def clipped_surrogate(
@@ -347,6 +392,23 @@ def get_policy_loss(name: str) -> PolicyLoss:
         raise ValueError(f"loss_mode={name!r}: use one of {', '.join(POLICY_LOSSES)}") from None
 
 
+@dataclass(frozen=True)
+class LossCounts:
+    """Raw sums of one `policy_loss` call over its valid tokens, so that a trainer can combine
+    exact fractions over micro-batches and ranks (fraction = Σ numerator / Σ tokens)."""
+
+    tokens: float
+    """Valid tokens (the mask's)."""
+    clip_high: float
+    """Tokens whose loss the upper clip bound changes."""
+    clip_low: float
+    """Tokens whose loss the lower clip bound changes."""
+    clip_dual: float
+    """Tokens bounded by the dual clip."""
+    sum_kl: float
+    """Σ old_logprobs − logprobs (the k1 estimate's numerator)."""
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -362,7 +424,7 @@ def policy_loss(
     max_len: int | None = None,
     loss_mode: str = "vanilla",
     token_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, float], LossCounts]:
     """Policy-gradient loss: the per-token loss named by `loss_mode`, aggregated by `agg`.
 
     Per token, with `loss_mode="vanilla"` (DAPO Eq. 8 with the decoupled clip of Eq. 10, as a
@@ -390,8 +452,8 @@ def policy_loss(
             importance weights of a rollout correction), or None.
 
     Returns:
-        (loss, metrics). metrics are python floats computed without grad over the valid tokens
-        of this call (NaN when it has none):
+        (loss, metrics, counts). metrics are python floats computed without grad over the
+        valid tokens of this call (NaN when it has none):
           * ``clip_ratio/high``: fraction of tokens whose loss the upper clip changes (vanilla:
             A > 0 and r > 1 + ε_high; gspo: the same with the sequence ratio s_i; cispo:
             r > 1 + ε_high, any A);
@@ -402,10 +464,8 @@ def policy_loss(
           * ``losses/approx_kl``: mean of old_logprobs − logprobs, the k1 estimate of
             KL(π_old ‖ π_θ) on tokens sampled from π_old;
           * ``losses/policy_loss``: the loss value.
-        Raw sums, so that a trainer can combine exact fractions over micro-batches
-        (fraction = Σ numerator / Σ ``_n_tokens``): ``_n_tokens`` (valid tokens),
-        ``_n_clip_high``, ``_n_clip_low``, ``_n_clip_dual`` (token counts) and ``_sum_kl``
-        (Σ old_logprobs − logprobs).
+        counts (`LossCounts`) are the raw sums behind the fractions, for a trainer to combine
+        over micro-batches.
     """
     if logprobs.dim() != 2 or not (logprobs.shape == old_logprobs.shape == mask.shape):
         raise ValueError(
@@ -468,13 +528,8 @@ def policy_loss(
         M.CLIP_RATIO_DUAL: frac(n_dual),
         M.APPROX_KL: frac(sum_kl),
         M.POLICY_LOSS: loss_value,
-        "_n_tokens": n,
-        "_n_clip_high": n_high,
-        "_n_clip_low": n_low,
-        "_n_clip_dual": n_dual,
-        "_sum_kl": sum_kl,
     }
-    return loss, metrics
+    return loss, metrics, LossCounts(n, n_high, n_low, n_dual, sum_kl)
 
 
 def entropy_bonus(

@@ -42,8 +42,6 @@ import json
 import math
 import re
 import tomllib
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -51,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.setup.config import ConfigError, ExperimentConfig, flatten
+from dapo_core.setup.overrides import field_types, type_value
 from dapo_core.setup.presets import preset_config
 
 BUILTIN_LADDERS: tuple[str, ...] = ("paper", "beyond-dapo", "dr-grpo")
@@ -302,7 +301,7 @@ def expand_grid(
     """A ladder of one base arm and the cartesian product of `grids` on top of it.
 
     `base` is a paper arm's name, or a Ladder whose arm `arm` (default: its last) is the base.
-    `grids` is [(dotted key, values), ...], values typed like the field (`coerce_value`).
+    `grids` is [(dotted key, values), ...], values typed like the field (`type_value`).
 
     Every grid arm's parent is the base, so the table shows each point's Δ to the base. The base
     is always the first arm, under its own name, with its own values in `grid` (so a plot of a
@@ -393,65 +392,8 @@ def artifact_slug(name: str) -> str:
 
 
 # --- values ------------------------------------------------------------------------------------
-@functools.cache
-def _field_types() -> dict[str, Any]:
-    """{"algo.clip_high": float, "algo.clip_c": float | None, ...} from the config dataclasses."""
-    out: dict[str, Any] = {}
-    for section, cls in typing.get_type_hints(ExperimentConfig).items():
-        if dataclasses.is_dataclass(cls):
-            for name, hint in typing.get_type_hints(cls).items():
-                out[f"{section}.{name}"] = hint
-    return out
-
-
-def coerce_value(key: str, value: Any) -> Any:
-    """`value` as the type of config field `key` (int → float for a float field, "none" → None
-    for an optional one, a list → tuple for betas); ConfigError naming the key otherwise. The
-    values a ladder file or a Prefect form carries pass through here before any config is built,
-    so a string where a number belongs fails with its field's name, not a TypeError later."""
-    types_ = _field_types()
-    if key not in types_:
-        section, _, name = key.partition(".")
-        if not name:
-            raise ConfigError(
-                f"{key!r} is not a config field: use section.field (e.g. algo.clip_high)"
-            )
-        sections = sorted({k.partition(".")[0] for k in types_})
-        if section not in sections:
-            raise ConfigError(
-                f"{key!r}: unknown section {section!r} (sections: {', '.join(sections)})"
-            )
-        fields = sorted(k.partition(".")[2] for k in types_ if k.startswith(section + "."))
-        raise ConfigError(f"{key!r}: {section} has no field {name!r} (fields: {', '.join(fields)})")
-    return _coerce(key, value, types_[key])
-
-
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union) and type(None) in args:
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(key, value, inner)
-    if origin is tuple:
-        if not isinstance(value, list | tuple) or (... not in args and len(value) != len(args)):
-            raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} numbers")
-        return tuple(_coerce(key, v, args[0]) for v in value)
-    if hint is bool and not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{key}={value!r}: expected an integer")
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}={value!r}: expected a number")
-        return float(value)
-    if hint is str and not isinstance(value, str):
-        raise ConfigError(f"{key}={value!r}: expected a string")
-    return value
-
-
 def _normalise(value: Any) -> Any:
-    """Config values as coerce_value returns them (tuples stay tuples; lists become tuples)."""
+    """Config values as type_value returns them (tuples stay tuples; lists become tuples)."""
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -605,8 +547,8 @@ def _typed_table(table: Any, key: str, bad: Any) -> dict[str, Any]:
                 "chosen when the ladder runs)"
             )
         try:
-            out[dotted] = coerce_value(dotted, value)
-        except ConfigError as exc:
+            out[dotted] = type_value(ExperimentConfig, dotted, value)
+        except ValueError as exc:
             raise bad(f"{key} {exc}") from None
     return out
 
@@ -655,7 +597,10 @@ def _check_grids(
             raise ConfigError(f"grid: {key} is given twice: list all its values in one --grid")
         if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
             raise ConfigError(f"grid: {key} needs a list of values")
-        typed = [coerce_value(key, v) for v in values]
+        try:
+            typed = [type_value(ExperimentConfig, key, v) for v in values]
+        except ValueError as exc:
+            raise ConfigError(f"grid: {exc}") from None
         for j, v in enumerate(typed):
             if v in typed[:j]:
                 raise ConfigError(f"grid: {key} lists {_fmt(v)} twice")
@@ -669,7 +614,7 @@ def _short(key: str) -> str:
     """The field name alone when no other section has a field of that name (it reads better in
     an arm name); the dotted key otherwise."""
     name = key.partition(".")[2]
-    clashes = [k for k in _field_types() if k.partition(".")[2] == name]
+    clashes = [k for k in field_types(ExperimentConfig) if k.partition(".")[2] == name]
     return name if len(clashes) == 1 else key
 
 

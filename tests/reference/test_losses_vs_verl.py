@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dapo_core.algo.advantages import group_advantages
-from dapo_core.algo.losses import policy_loss
+from dapo_core.algo.losses import LossCounts, policy_loss
 
 pytestmark = pytest.mark.reference
 
@@ -59,10 +59,10 @@ def _batch(seed: int) -> dict[str, Any]:
     }
 
 
-def _ours(b: dict[str, Any], mode: str, agg: str) -> tuple[torch.Tensor, dict, torch.Tensor]:
+def _ours(b: dict[str, Any], mode: str, agg: str) -> tuple[torch.Tensor, LossCounts, torch.Tensor]:
     lp = b["lp"].clone().requires_grad_(True)
     nonempty = int((b["mask"].sum(-1) > 0).sum())
-    loss, metrics = policy_loss(
+    loss, _, counts = policy_loss(
         lp,
         b["old"],
         b["adv"],  # [B], broadcast over tokens
@@ -79,7 +79,7 @@ def _ours(b: dict[str, Any], mode: str, agg: str) -> tuple[torch.Tensor, dict, t
     )
     loss.backward()
     assert lp.grad is not None
-    return loss.detach(), metrics, lp.grad
+    return loss.detach(), counts, lp.grad
 
 
 def _verl(
@@ -107,19 +107,19 @@ def test_policy_losses_equal_verls(verl_core: dict[str, Any], mode: str, agg: st
     clipped = 0
     for seed in range(CASES):
         b = _batch(seed)
-        loss, metrics, grad = _ours(b, mode, agg)
+        loss, counts, grad = _ours(b, mode, agg)
         v_loss, v_metrics, v_grad = _verl(verl_core, b, mode, agg)
         where = f"{mode}/{agg}, seed {seed}"
         # verl divides per-sequence sums by (count + 1e-8): agreement to ~1e-8 relative.
         torch.testing.assert_close(loss, v_loss, rtol=1e-6, atol=1e-9, msg=where)
         torch.testing.assert_close(grad, v_grad, rtol=1e-6, atol=1e-9, msg=where)
-        n = metrics["_n_tokens"]
+        n = counts.tokens
         # verl's pg_clipfrac counts clipping at either bound; pg_clipfrac_lower is the dual clip.
-        clip = (metrics["_n_clip_high"] + metrics["_n_clip_low"]) / n
+        clip = (counts.clip_high + counts.clip_low) / n
         assert clip == pytest.approx(v_metrics["actor/pg_clipfrac"], abs=1e-6), where
-        dual = metrics["_n_clip_dual"] / n
+        dual = counts.clip_dual / n
         assert dual == pytest.approx(v_metrics["actor/pg_clipfrac_lower"], abs=1e-6), where
-        assert metrics["_sum_kl"] / n == pytest.approx(v_metrics["actor/ppo_kl"], abs=1e-6), where
+        assert counts.sum_kl / n == pytest.approx(v_metrics["actor/ppo_kl"], abs=1e-6), where
         clipped += clip > 0
     assert clipped >= CASES // 4  # the clip was active in many of the batches compared
 
