@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo_core.setup.arms import ARM_NAMES
-from dapo_core.setup.config import ExperimentConfig, flatten, is_local_path
-from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, resolve_ladder
+from dapo_core.setup.config import ENGINES, ExperimentConfig, is_local_path
+from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, paper_ladder, resolve_ladder
+from dapo_core.setup.overrides import parse_grid, parse_sets
 from dapo_core.setup.presets import PRESETS
 
 # What bad input, a missing or unwritable path, or a store that stayed down raise: shown as
@@ -115,6 +115,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--problems", type=non_negative_int, help="first N problems (0: all)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: the run's)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="rollout engine that samples the answers (default: the run's rollout.engine); on a "
+        "GPU the evaluation's memory plan is checked first",
+    )
     p.set_defaults(func=cmd_eval)
 
     p = subparsers.add_parser(
@@ -159,7 +165,8 @@ def cmd_arms(args: argparse.Namespace) -> int:
     ladder = resolve_ladder(args.ladder or "paper", preset=args.preset)
     if args.grid:
         base = args.arm or ladder.arms[-1].name
-        grids = parse_grid(args.grid, ladder.config(base, args.preset))
+        ladder.arm(base)  # an unknown base is the first error, ahead of a bad --grid
+        grids = parse_grid(ExperimentConfig, args.grid)
         ladder = expand_grid(ladder, grids, arm=base, preset=args.preset)
     elif args.arm:
         raise ValueError("--arm names the base of a --grid: add --grid key=v1,v2")
@@ -176,13 +183,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     out = args.out or default_out_dir(cfg)
     _check_model_path(cfg.model.name_or_path)
+    from dapo_core.real_model import check_model
+
+    # Converted, tokenizer files, chat template, vocabulary: one line, before anything is written.
+    check_model(cfg.model.name_or_path, chat=cfg.data.prompt_template == "chat-answer")
     _logging()
 
     import functools
 
     from dapo_core.train.distributed import check_workers, launch_local
     from dapo_core.train.sinks import JsonlSink
+    from dapo_core.train.trackers import open_with_trackers
 
+    ladder = resolve_ladder(args.ladder, args.preset)
+    tags = {"ladder": ladder.name, "parent": ladder.arm(cfg.arm).parent}
     workers = int(getattr(args, "workers", 1) or 1)
     check_workers(cfg, workers)
     from dapo_core.setup.plan import check_fits
@@ -197,7 +211,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg,
         out_dir=out,
         workers=workers,
-        sink_factory=functools.partial(JsonlSink, out),
+        # run.loggers: the trackers beside the run's JSON lines (none: JsonlSink alone).
+        sink_factory=functools.partial(
+            open_with_trackers, functools.partial(JsonlSink, out), cfg.to_dict(), out, tags
+        ),
         resume=not args.no_resume,
         progress=None if args.quiet else print_progress,
     )
@@ -230,16 +247,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides["data.eval_problems"] = args.problems
     if args.device:
         overrides["run.device"] = args.device
+    if getattr(args, "engine", None):
+        overrides["rollout.engine"] = args.engine
     cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(overrides)
     _logging()
 
-    from dapo_core.train.runner import evaluate_policy, load_checkpoint_policy, setup_torch
+    from dapo_core.train.runner import evaluate_checkpoint
 
-    device = setup_torch(cfg)
-    model, tokenizer = load_checkpoint_policy(ckpt, cfg, device)
-    from dapo_core.train.checkpoint import checkpoint_step
-
-    result = evaluate_policy(cfg, model, tokenizer, step=checkpoint_step(ckpt))
+    result = evaluate_checkpoint(ckpt, cfg)
     print(json.dumps({"checkpoint": str(ckpt), **result}, indent=2))
     return 0
 
@@ -262,7 +277,7 @@ def _arm_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arm",
         default=None,
-        help=f"an arm of the ladder: {', '.join(ARM_NAMES)} in the paper's (default: the "
+        help=f"an arm of the ladder: {', '.join(paper_ladder().names)} in the paper's (default: the "
         "ladder's last arm, dapo in the paper's)",
     )
     p.add_argument(
@@ -278,8 +293,8 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     """The arm's config on the preset, with the flags and --set overrides applied."""
     ladder = resolve_ladder(args.ladder, args.preset)
     args.arm = args.arm or ladder.arms[-1].name
-    base = ladder.config(args.arm, args.preset)
-    overrides = parse_sets(args.set, base)
+    ladder.arm(args.arm)  # an unknown arm is the first error, ahead of a bad --set
+    overrides = parse_sets(ExperimentConfig, args.set)
     for flag, key in (
         ("steps", "run.steps"),
         ("seed", "run.seed"),
@@ -291,81 +306,6 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         if value is not None:
             overrides[key] = value
     return ladder.config(args.arm, args.preset, overrides)
-
-
-def parse_sets(items: list[str], base: ExperimentConfig) -> dict[str, Any]:
-    """["algo.clip_high=0.3", ...] → {"algo.clip_high": 0.3}, each value parsed as the type of
-    the field it sets (so a bad number fails here with the field's name)."""
-    current = flatten(base.to_dict())
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"--set {item!r}: expected section.field=value")
-        if key not in current:
-            section = key.partition(".")[0]
-            fields = sorted(k.partition(".")[2] for k in current if k.startswith(section + "."))
-            hint = f" ({section} has: {', '.join(fields)})" if fields else ""
-            raise ValueError(f"--set {key}: no such config field{hint}")
-        out[key] = _coerce(key, raw.strip(), current[key])
-    return out
-
-
-def parse_grid(items: list[str], base: ExperimentConfig) -> list[tuple[str, list[Any]]]:
-    """["algo.clip_high=0.24,0.28"] → [("algo.clip_high", [0.24, 0.28])] for expand_grid, each
-    value typed like --set. A list field takes bracketed values: optim.betas=[0.9,0.95],[0.9,0.99]."""
-    grids: list[tuple[str, list[Any]]] = []
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        values = _split_top_level(raw)
-        if not sep or not key or not values or any(not v for v in values):
-            raise ValueError(f"--grid {item!r}: expected section.field=v1,v2,...")
-        try:
-            typed = [parse_sets([f"{key}={v}"], base)[key] for v in values]
-        except ValueError as exc:
-            # parse_sets speaks of --set; the user typed --grid.
-            raise ValueError(str(exc).replace("--set", "--grid", 1)) from None
-        grids.append((key, typed))
-    return grids
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets: "0.1,0.2" → two values, "[0.9,0.95],[0.9,0.99]" → two."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    parts.append(current.strip())
-    return [] if parts == [""] else parts
-
-
-def _coerce(key: str, raw: str, like: Any) -> Any:
-    try:
-        if isinstance(like, bool):
-            if raw.lower() in ("true", "1", "yes", "on"):
-                return True
-            if raw.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if isinstance(like, int):
-            return int(raw)
-        if isinstance(like, float) or (like is None and key == "algo.clip_c"):
-            if like is None and raw.lower() in ("none", "null", ""):
-                return None
-            return float(raw)
-        if isinstance(like, list | tuple):
-            values = json.loads(raw) if raw.startswith("[") else raw.split(",")
-            return [float(v) for v in values]
-    except (ValueError, json.JSONDecodeError):
-        kind = type(like).__name__ if like is not None else "number or none"
-        raise ValueError(f"--set {key}={raw!r}: expected a {kind}") from None
-    return raw
 
 
 def default_out_dir(cfg: ExperimentConfig) -> Path:

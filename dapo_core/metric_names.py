@@ -56,9 +56,27 @@ GEN_BATCHES_TOTAL = "progress/gen_batches"
 TOKENS_TOTAL = "progress/tokens"  # generated response tokens, cumulative
 
 # --- performance ---
-TOKENS_PER_S = "perf/tokens_per_s"  # generated tokens / rollout seconds
-ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
+TOKENS_PER_S = "perf/tokens_per_s"  # generated tokens / rollout seconds (rollout throughput)
 UPDATE_TOKENS_PER_S = "perf/update_tokens_per_s"
+# Peak CUDA memory per phase of a step, GiB (torch.cuda.max_memory_allocated, reset at each
+# phase's start; GPU runs only): next to `dapo plan`'s items for that phase.
+PEAK_MEM_PREFIX = "perf/peak_mem_gib/"
+MEMORY_PHASES = ("load", "rollout", "logprob", "update", "sync", "checkpoint")
+PEAK_MEM_LOAD = PEAK_MEM_PREFIX + "load"  # the fp32 masters loaded (the runner's phase)
+PEAK_MEM_ROLLOUT = PEAK_MEM_PREFIX + "rollout"  # generation: resident + the engine's KV cache
+PEAK_MEM_LOGPROB = PEAK_MEM_PREFIX + "logprob"  # the old log-prob pass (no grad)
+PEAK_MEM_UPDATE = PEAK_MEM_PREFIX + "update"  # μ epochs: activations, head, gradients, step
+PEAK_MEM_SYNC = PEAK_MEM_PREFIX + "sync"  # weights pushed to the engine
+PEAK_MEM_CHECKPOINT = PEAK_MEM_PREFIX + "checkpoint"  # a checkpoint written (the runner's)
+
+
+def peak_mem(phase: str) -> str:
+    """The metric of one of MEMORY_PHASES: `rollout` → `perf/peak_mem_gib/rollout`."""
+    if phase not in MEMORY_PHASES:
+        raise ValueError(f"unknown memory phase {phase!r}: one of {', '.join(MEMORY_PHASES)}")
+    return PEAK_MEM_PREFIX + phase
+
+
 ROLLOUT_S = "time/rollout_s"
 REWARD_S = "time/reward_s"
 OLD_LOGPROB_S = "time/old_logprob_s"

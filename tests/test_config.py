@@ -74,7 +74,7 @@ def test_hash_depends_on_content_only() -> None:
 
 def test_overrides_reject_unknown_fields() -> None:
     cfg = ExperimentConfig()
-    with pytest.raises(ConfigError, match="algo has no field 'clip_hi'"):
+    with pytest.raises(ConfigError, match=r"algo.clip_hi: no such config field \(algo has:"):
         cfg.with_overrides({"algo.clip_hi": 0.3})
     with pytest.raises(ConfigError, match="unknown section 'algorithm'"):
         cfg.with_overrides({"algorithm.clip_high": 0.3})
@@ -115,3 +115,28 @@ def test_real_presets_warm_up_over_20_rollout_steps(name: str) -> None:
 
 def test_flatten() -> None:
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+
+
+def test_how_a_run_reports_and_keeps_house_leaves_its_hash_alone() -> None:
+    """A run's hash names it in the store and its directory: a tracker added, more checkpoints
+    kept or a longer collective timeout must not make a completed run look new, and a config
+    stored before those fields existed must hash as it did."""
+    from dapo_core.setup.config import REPORTING_FIELDS
+    from dapo_core.setup.ladders import paper_ladder
+
+    cfg = paper_ladder().config("grpo", "tiny")
+    changed = cfg.with_overrides(
+        {
+            "run.loggers": ["tensorboard"],
+            "run.mlflow_uri": "file:///tmp/mlruns",
+            "run.keep_checkpoints": 7,
+            "run.collective_timeout_s": 60.0,
+        }
+    )
+    assert changed.config_hash() == cfg.config_hash()
+    old = cfg.to_dict()
+    for name in REPORTING_FIELDS:
+        del old["run"][name]
+    assert ExperimentConfig.from_dict(old).config_hash() == cfg.config_hash()
+    # ... while what a run computes does change it.
+    assert cfg.with_overrides({"run.steps": cfg.run.steps + 1}).config_hash() != cfg.config_hash()

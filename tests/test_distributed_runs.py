@@ -20,8 +20,8 @@ import pytest
 from test_runner import ListSink
 
 from dapo_core import metric_names as M
-from dapo_core.setup.arms import build_arm_config
 from dapo_core.setup.config import ExperimentConfig
+from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train.checkpoint import (
     checkpoint_step,
     is_sharded,
@@ -54,7 +54,7 @@ SETS = {
 
 
 def config(steps: int) -> ExperimentConfig:
-    return build_arm_config("dapo", "tiny", {**SETS, "run.steps": steps})
+    return paper_ladder().config("dapo", "tiny", {**SETS, "run.steps": steps})
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from dapo_cli import LADDER_FILE
 
-from dapo_core.setup.arms import ARM_NAMES, build_arm_config
+from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train.run_dir import NotOwner, claim
 from flows import checks, plan
 from flows.params import ArmParams, Resources, SweepParams, takes, validate
@@ -23,7 +23,7 @@ HASH = "abc123def456"
 # --- parameters ------------------------------------------------------------------------------
 def test_sweep_defaults_are_the_whole_ladder_with_one_seed() -> None:
     p = validate(SweepParams, {})
-    assert p.arms == list(ARM_NAMES)
+    assert p.arms == list(paper_ladder().names)
     assert p.seeds == [0]
     assert p.preset == "tiny"
     assert p.resources == Resources(cpus=1.0, gpus=0.0)
@@ -534,7 +534,7 @@ def test_a_data_file_is_read_once_per_process_and_again_when_it_changes(
     monkeypatch.setattr(loaders, "load_problems", counted)
     data = tmp_path / "train.jsonl"
     data.write_text('{"problem": "What is 1+1?", "answer": "2"}\n')
-    config = build_arm_config("grpo", "tiny", {"data.train": str(data)}).to_dict()
+    config = paper_ladder().config("grpo", "tiny", {"data.train": str(data)}).to_dict()
     checks.check_inputs([config, config])
     checks.check_inputs([config])
     assert reads.count(str(data)) == 1

@@ -266,7 +266,7 @@ GROUP = """
 import json, sys
 from flows import plan, ray_worker  # first: it binds a local Ray to loopback, as the flows do
 import ray
-from dapo_core.setup.arms import build_arm_config, ladder_rows
+from dapo_core.setup.ladders import paper_ladder
 from db.store import Store
 from flows.params import Resources
 
@@ -274,10 +274,10 @@ url, out = sys.argv[1], sys.argv[2]
 small = {"batch.train_batch_size": 4, "batch.gen_batch_size": 4, "batch.mini_batch_size": 2,
          "rollout.group_size": 4, "run.checkpoint_every": 1, "run.steps": 8,
          "data.eval_problems": 8, "data.eval_k": 2}
-cfg = build_arm_config("grpo", "tiny", small).to_dict()
+cfg = paper_ladder().config("grpo", "tiny", small).to_dict()
 store = Store(url)
 sweep = store.create_sweep(name="g", preset="tiny", arms=["grpo"], seeds=[0], base_config=cfg,
-                           ladder=ladder_rows())
+                           ladder=paper_ladder().rows())
 run = store.start_run(sweep_id=sweep, arm="grpo", seed=0, config=cfg, config_hash="h", host="?")
 owner = {"store": store.store_id, "sweep": sweep, "arm": "grpo", "seed": 0, "config_hash": "h"}
 ray_worker.connect("local", num_cpus=2)

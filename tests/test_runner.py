@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from dapo_core import metric_names as M
-from dapo_core.setup.arms import ARM_NAMES, build_arm_config
 from dapo_core.setup.config import ExperimentConfig
+from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train.checkpoint import checkpoint_step, latest_checkpoint
 from dapo_core.train.runner import evaluate_policy, train
 
@@ -52,10 +52,10 @@ class ListSink:
 
 
 def small(arm: str, **extra: Any) -> ExperimentConfig:
-    return build_arm_config(arm, "tiny", {**SMALL, **extra})
+    return paper_ladder().config(arm, "tiny", {**SMALL, **extra})
 
 
-@pytest.mark.parametrize("arm", ARM_NAMES)
+@pytest.mark.parametrize("arm", paper_ladder().names)
 def test_every_arm_trains_two_steps_on_cpu(arm: str, tmp_path: Path) -> None:
     cfg = small(arm, **{"run.steps": 2})
     sink = ListSink()
@@ -110,7 +110,7 @@ def test_the_warm_start_leaves_rl_something_to_learn() -> None:
     # and wrong groups occur (the demonstrator itself scores about 58% at the 40-token budget).
     from dapo_core.models import load_policy
 
-    cfg = build_arm_config("grpo", "tiny", {"data.eval_problems": 128, "data.eval_k": 4})
+    cfg = paper_ladder().config("grpo", "tiny", {"data.eval_problems": 128, "data.eval_k": 4})
     model, tokenizer = load_policy(cfg.model, "cpu")
     acc = evaluate_policy(cfg, model, tokenizer)["avg_at_k"]
     assert 0.2 <= acc <= 0.6, f"warm-started tiny model: held-out avg@4 {acc:.3f}"

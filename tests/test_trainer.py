@@ -152,6 +152,7 @@ def test_one_step_reads_like_algorithm_1() -> None:
 
 
 def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -> None:
+    trainer_mod._warned.discard("empty-step")  # an earlier test's empty step said it already
     tok = char_tokenizer()
     G = 4
     informative, solved, failed = 2, G, 0
@@ -310,6 +311,21 @@ def test_single_minibatch_single_epoch_warns_once(caplog: pytest.LogCaptureFixtu
     assert caplog.text.count("importance ratio is exactly 1") == 1
 
 
+def test_empty_steps_warn_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Every group solved or failed by all G responses: dynamic sampling keeps none, step after
+    # step. The warning names the first such step and is not repeated for the next ones.
+    tok = char_tokenizer()
+    trainer_mod._warned.discard("empty-step")
+    engine = ScriptedEngine(tok, correct=[[4, 0, 4, 0]])
+    cfg = make_cfg(**{"algo.dynamic_sampling": True, "algo.max_gen_batches": 1})
+    trainer = make_trainer(cfg, engine)
+    with caplog.at_level(logging.WARNING, logger="dapo_core.train.trainer"):
+        steps = [trainer.step().metrics for _ in range(3)]
+    assert [m[M.TRAIN_GROUPS] for m in steps] == [0, 0, 0]
+    assert caplog.text.count("kept 0 informative groups") == 1
+    assert "step 1: dynamic sampling kept 0" in caplog.text
+
+
 # --- packed micro-batches and the first mini-batch's old log-probs ------------------------------
 def varied_seqs(n: int = 9, seed: int = 0) -> list[Seq]:
     """Sequences of mixed prompt (2-6) and response (1-12) lengths over the char vocabulary."""
@@ -378,7 +394,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_ones(agg: str) -> None:
         lp, ent = p.per_seq(lp_rows), p.per_seq(ent_rows)
         old = lp.detach() + 0.05 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))
         adv = torch.tensor([s.advantage for s in seqs])
-        loss, _ = policy_loss(lp, old, adv, p.loss_mask, clip_low=0.2, clip_high=0.28, agg=agg)
+        loss, _, _ = policy_loss(lp, old, adv, p.loss_mask, clip_low=0.2, clip_high=0.28, agg=agg)
         loss.backward()
         grads = torch.cat([q.grad.flatten() for q in model.parameters()])
         results.append((lp.detach(), ent, grads))

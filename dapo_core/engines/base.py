@@ -73,3 +73,9 @@ class RolloutEngine(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what state_dict() returned."""
         ...
+
+    def close(self) -> None:
+        """Give back what the engine holds (vLLM: its engine core, weights and KV cache), so the
+        next run in this process finds the device free. Called once a run ends, whether it
+        succeeded or failed; idempotent, and the engine is not used afterwards."""
+        ...

@@ -157,6 +157,12 @@ class HFEngine:
         if self._cuda_state is not None and state.get("cuda_rng") is not None:
             self._cuda_state = state["cuda_rng"].clone()
 
+    def close(self) -> None:
+        """Drop the engine's reference to its model. On N workers that model is the rank's
+        own rollout copy (distributed.rollout_copy), which only the engine holds, so this frees
+        it; on one worker it is the trainer's model, freed with the trainer. Idempotent."""
+        self.__dict__.pop("model", None)
+
     # --- internals ---------------------------------------------------------------------
     def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
         ids: list[list[int]] = []

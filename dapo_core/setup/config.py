@@ -11,8 +11,11 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from dapo_core.setup.overrides import TOP_LEVEL, type_value
 
 LOSS_AGGS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "grpo_batch_std")
@@ -21,6 +24,18 @@ ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis")
 GRADERS: tuple[str, ...] = ("dapo", "lenient")
 ENGINES: tuple[str, ...] = ("hf", "vllm")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# Trackers beside the store, by verl's `trainer.logger` names (dapo_core.train.trackers).
+LOGGERS: tuple[str, ...] = ("mlflow", "wandb", "tensorboard", "trackio")
+# How a run reports and keeps house, not what it computes: left out of the config hash, so that
+# adding a tracker, keeping more checkpoints or waiting longer for a slow rank keeps a run's
+# name, its store rows and its checkpoints (and a config written before these fields existed
+# keeps its hash).
+REPORTING_FIELDS: tuple[str, ...] = (
+    "loggers",
+    "mlflow_uri",
+    "keep_checkpoints",
+    "collective_timeout_s",
+)
 
 
 class ConfigError(ValueError):
@@ -284,7 +299,8 @@ class DataConfig:
     eval_temperature: float = 1.0
     """Sampling temperature for evaluation."""
     prompt_template: str = "dapo"
-    """`dapo` (the paper's instruction), `chat` (the tokenizer's chat template), `raw`."""
+    """`dapo` (the paper's instruction), `chat` (the tokenizer's chat template), `raw`, or
+    `chat-answer` (chat template, the reply begun as `Answer: `; dapo_core.data.loaders)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "data")
@@ -293,8 +309,8 @@ class DataConfig:
         _check(self.eval_every >= 0, "data.eval_every must be >= 0")
         _check(self.eval_problems >= 0, "data.eval_problems must be >= 0")
         _check(
-            self.prompt_template in ("dapo", "chat", "raw"),
-            f"data.prompt_template={self.prompt_template!r}: use dapo, chat or raw",
+            self.prompt_template in ("dapo", "chat", "raw", "chat-answer"),
+            f"data.prompt_template={self.prompt_template!r}: use dapo, chat, raw or chat-answer",
         )
 
 
@@ -312,9 +328,30 @@ class RunConfig:
     """torch CPU threads (0: torch's default)."""
     samples_per_step: int = 4
     """Rollouts kept in the store per step for the dashboard's browser."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk: the last K, plus the best evaluation's, the one `latest` names
+    and the one this start resumed from (a 7B checkpoint is ~106 GiB); 0 keeps every one."""
+    collective_timeout_s: float = 1800.0
+    """N workers: how long a rank waits in an object collective or barrier (on gloo, whatever
+    the tensor backend) for the slowest rank, e.g. one still generating, before the run fails."""
+    loggers: tuple[str, ...] = ()
+    """Trackers the run also reports to, beside the store (verl's `trainer.logger` names):
+    mlflow, wandb, tensorboard, trackio; empty: the store only. Optional extras (`pip install
+    'dapo-lab[trackers]'`, Trackio: `[trackio]`); a missing or failing one warns and is dropped."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else `mlruns` in the run directory."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "run")
+        # JSON and TOML give lists; one name alone is a one-tracker list, not its letters.
+        loggers = (self.loggers,) if isinstance(self.loggers, str) else tuple(self.loggers)
+        object.__setattr__(self, "loggers", loggers)
+        for name in loggers:
+            _check(
+                name in LOGGERS,
+                f"run.loggers: unknown tracker {name!r} (use any of {', '.join(LOGGERS)})",
+            )
+        _check(len(set(loggers)) == len(loggers), f"run.loggers={list(loggers)} names one twice")
         _check(self.steps >= 1, f"run.steps={self.steps} must be >= 1")
         _check(self.seed >= 0, f"run.seed={self.seed} must be >= 0")
         _check(self.checkpoint_every >= 0, "run.checkpoint_every must be >= 0")
@@ -323,6 +360,16 @@ class RunConfig:
         )
         _check(self.num_threads >= 0, "run.num_threads must be >= 0")
         _check(self.samples_per_step >= 0, "run.samples_per_step must be >= 0")
+        _check(
+            self.keep_checkpoints >= 0,
+            f"run.keep_checkpoints={self.keep_checkpoints} must be >= 0: the number of recent "
+            "checkpoints kept on disk (0 keeps every one)",
+        )
+        _check(
+            self.collective_timeout_s > 0,
+            f"run.collective_timeout_s={self.collective_timeout_s} must be > 0: seconds a worker "
+            "waits for the slowest one (e.g. 1800)",
+        )
 
 
 _SECTIONS: dict[str, type] = {
@@ -340,7 +387,7 @@ _SECTIONS: dict[str, type] = {
 @dataclass(frozen=True)
 class ExperimentConfig:
     arm: str = "grpo"
-    """Ladder arm this config was built for (see dapo_core.setup.arms)."""
+    """Ladder arm this config was built for (see dapo_core.setup.ladders)."""
     preset: str = "tiny"
     """Preset the base values came from (see dapo_core.setup.presets)."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -390,25 +437,27 @@ class ExperimentConfig:
 
     def config_hash(self) -> str:
         """Stable 12-hex-digit hash of the canonical JSON (sorted keys); names the run."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=list)
+        data = self.to_dict()
+        for name in REPORTING_FIELDS:
+            data["run"].pop(name)
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def with_overrides(self, overrides: dict[str, Any]) -> ExperimentConfig:
-        """A copy with dotted-key overrides applied, e.g. {"algo.clip_high": 0.28, "run.steps": 4}."""
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ExperimentConfig:
+        """A copy with dotted-key overrides applied, e.g. {"algo.clip_high": 0.28, "run.steps": 4};
+        values are typed like --set (dapo_core.setup.overrides), so "0.28" is 0.28 here too.
+        `arm` and `preset` (no dot) relabel the config."""
         data = self.to_dict()
         for dotted, value in overrides.items():
-            section, _, name = dotted.partition(".")
-            if not name:
-                _check(section in ("arm", "preset"), f"override {dotted!r}: use section.field")
-                data[section] = value
+            if dotted in TOP_LEVEL:
+                data[dotted] = value
                 continue
-            _check(section in _SECTIONS, f"override {dotted!r}: unknown section {section!r}")
-            _check(
-                name in data[section],
-                f"override {dotted!r}: {section} has no field {name!r} "
-                f"(fields: {', '.join(sorted(data[section]))})",
-            )
-            data[section][name] = value
+            try:
+                typed = type_value(ExperimentConfig, dotted, value)
+            except ValueError as exc:
+                raise ConfigError(f"override {exc}") from None
+            section, _, name = dotted.partition(".")
+            data[section][name] = typed
         return ExperimentConfig.from_dict(data)
 
 

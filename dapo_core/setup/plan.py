@@ -40,6 +40,10 @@ Not sharded (every worker holds its own):
   largest parameter, in the compute dtype, is the buffer); every worker first loads the whole
   fp32 model in host memory (4P) to shard it.
 - CUDA context and workspaces (1 GiB) and allocator fragmentation (10% of the update's working set).
+- What a first GPU run would meet beyond that (estimates, each a named item; `_first_gpu_run_items`):
+  NCCL's channel buffers (N > 1), vLLM's CUDA graphs (captured outside its share) and its sampler's
+  scratch (while generating), and a margin for one allocator shared by vLLM and training (3% of the
+  GPU). The plan's output prints what is left of the GPU and which of its items are allowances.
 
 Phases: the peak is the resident items (masters, AdamW states, the engine's share, context) plus
 the largest of: the update (weights, gradients, activations, head), the optimizer step (gradients,
@@ -66,12 +70,38 @@ GPU_SIZES: tuple[tuple[str, float], ...] = (("80 GB A100/H100", 79.0), ("141 GB 
 MAX_WORKERS = 1024
 
 CUDA_CONTEXT_GIB = 1.0
-"""Per GPU process: CUDA context, cuBLAS and NCCL workspaces (an estimate)."""
+"""Per GPU process: CUDA context and cuBLAS workspaces (an estimate; NCCL's buffers are their own
+item)."""
 FRAGMENTATION = 0.10
 """The caching allocator's waste on the update's changing tensor sizes (an estimate)."""
 VLLM_OVERHEAD_GIB = 2.0
-"""vLLM's share that is not KV cache or weights: its profiling run's activations, CUDA graphs,
-sampler buffers (an estimate)."""
+"""vLLM's share that is not KV cache or weights: what its profiling run measures (activations,
+the sampler at its dummy batch) (an estimate). CUDA graphs come after it: VLLM_CUDA_GRAPHS_GIB."""
+VLLM_CUDA_GRAPHS_GIB = 1.0
+"""vLLM captures its decode CUDA graphs after it has sized the KV cache from
+`gpu_memory_utilization`, so their private memory pools come on top of the share (vLLM logs
+"Graph capturing finished ..., took X GiB": a few tenths of a GiB to about 1 GiB at 0.5-32B)."""
+VLLM_MAX_NUM_SEQS = 1024
+"""vLLM V1's default `max_num_seqs` for the offline `LLM` on a GPU of 70 GiB or more: the most
+rows its sampler holds at once."""
+VLLM_SAMPLER_BYTES = 12
+"""Sampler bytes per logit of one decode step: float32 logits, the processed log-probs we ask
+for, the probabilities it draws from (4 B each)."""
+VLLM_TOP_P_BYTES = 12
+"""With top_p < 1 the sort keeps sorted values (4 B) and their int64 indices (8 B) as well."""
+COLOCATION_MARGIN = 0.03
+"""Share of the GPU kept free when vLLM and training share one caching allocator: blocks freed
+by one side are cached in sizes the other side rarely asks for (an estimate; the GPU check's
+`reserved - allocated` is the number to replace it with)."""
+NCCL_CHANNELS = 32
+"""NCCL's channel count on NVLink nodes (NCCL_MAX_NCHANNELS' default ceiling)."""
+NCCL_PEERS = 2
+"""Ring: each channel sends to one peer and receives from another."""
+NCCL_BUFFER_BYTES = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+"""Per channel and peer: the Simple protocol's NCCL_BUFFSIZE (4 MiB), LL128's (4.69 MiB) and
+LL's (0.5 MiB), from NCCL's defaults (src/include/device.h)."""
+MARGIN_ITEMS = ("fragmentation", "colocation")
+"""Items that are allowances for waste, not tensors: `dapo plan` prints them as the margin."""
 CHUNK_LOGITS = 1 << 24
 """Logits per chunk of the log-prob head (dapo_core.train.logprobs computes in chunks of
 auto_chunk_size tokens)."""
@@ -139,7 +169,8 @@ class Plan:
     @property
     def training_bytes(self) -> float:
         """The peak without the engine and the GPU runtime: what a CPU process measures."""
-        skip = {"engine", "context", "fragmentation", "kv_hf"}
+        skip = {"engine", "context", "fragmentation", "kv_hf", "nccl", "vllm_graphs"}
+        skip |= {"vllm_sampler", "colocation"}
         kept = [i for i in self.gpu_items if i.key not in skip]
         resident = sum(i.nbytes for i in kept if "resident" in i.phases)
         return resident + max(
@@ -152,6 +183,11 @@ class Plan:
         host = [i for i in self.items if i.on_host]
         loading = sum(i.nbytes for i in host if "startup" in i.phases)
         return max(loading, sum(i.nbytes for i in host if "startup" not in i.phases))
+
+    @property
+    def margin_bytes(self) -> float:
+        """What is left of the GPU after the peak (negative when it does not fit)."""
+        return self.gpu_bytes - self.peak_bytes
 
     @property
     def fits(self) -> bool:
@@ -530,6 +566,7 @@ def plan_memory(
             )
         )
     if device == "cuda":
+        items.extend(_first_gpu_run_items(cfg, a, N, gpu))
         items.append(
             Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",))
         )
@@ -557,6 +594,64 @@ def plan_memory(
     if plan.peak_bytes > gpu:
         problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB per worker")
     return dataclasses.replace(plan, problems=tuple(problems))
+
+
+def _first_gpu_run_items(cfg: ExperimentConfig, a: Architecture, N: int, gpu: float) -> list[Item]:
+    """What the plan left out before the first GPU run (issue 22): NCCL's buffers, vLLM's CUDA
+    graphs and sampler, and the fragmentation of one allocator shared by vLLM and training.
+    GPU plans only: a CPU process has none of them."""
+    items: list[Item] = []
+    if N > 1:
+        # FSDP2's all-gather and reduce-scatter run on one NCCL communicator; its per-channel
+        # FIFOs are allocated when it first runs and stay for the process's life. (NVLS on
+        # NVSwitch nodes can add about 1 GiB more; NCCL_NVLS_ENABLE=0 turns it off.)
+        nccl = NCCL_CHANNELS * NCCL_PEERS * NCCL_BUFFER_BYTES
+        items.append(
+            Item(
+                "nccl",
+                "NCCL buffers",
+                nccl,
+                ("resident",),
+                detail=f"{NCCL_CHANNELS} channels × {NCCL_PEERS} peers × "
+                f"{NCCL_BUFFER_BYTES / 2**20:.2f} MiB (Simple + LL128 + LL)",
+            )
+        )
+    if cfg.rollout.engine == "vllm":
+        # Captured after the KV cache is sized, so outside the engine's share for the whole run.
+        items.append(
+            Item(
+                "vllm_graphs",
+                "vLLM CUDA graphs",
+                VLLM_CUDA_GRAPHS_GIB * GIB,
+                ("resident",),
+                detail="graph pools captured after the share is sized, outside it",
+            )
+        )
+        # Only while generating: the update's tensors do not exist then.
+        prompts = math.ceil(cfg.batch.gen_batch_size / N)  # one generation batch, shared by ranks
+        rows = min(VLLM_MAX_NUM_SEQS, prompts * cfg.rollout.group_size)
+        per_logit = VLLM_SAMPLER_BYTES + (VLLM_TOP_P_BYTES if cfg.rollout.top_p < 1 else 0)
+        items.append(
+            Item(
+                "vllm_sampler",
+                "vLLM sampler scratch",
+                rows * a.vocab * per_logit,
+                ("rollout",),
+                detail=f"{rows} rows × {a.vocab} logits × {per_logit} B"
+                + (" (top-p sort included)" if per_logit > VLLM_SAMPLER_BYTES else ""),
+            )
+        )
+        # Resident: once both sides have run, both sides' cached blocks stay in the pool.
+        items.append(
+            Item(
+                "colocation",
+                "vLLM + training margin",
+                COLOCATION_MARGIN * gpu,
+                ("resident",),
+                detail=f"{COLOCATION_MARGIN:.0%} of the GPU: one allocator, two workloads",
+            )
+        )
+    return items
 
 
 def min_workers(
@@ -629,6 +724,125 @@ def _cuda_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
+# --- evaluation (`dapo eval`) -------------------------------------------------------------------
+def plan_evaluation(
+    cfg: ExperimentConfig,
+    problems: int,
+    gpu_memory_gib: float = DEFAULT_GPU_GIB,
+    *,
+    arch: Architecture | None = None,
+) -> Plan:
+    """The memory of evaluating a checkpoint on one GPU with `cfg`'s engine: data.eval_k samples
+    of `problems` problems, prompts of rollout.max_prompt_len and responses of max_response_len.
+
+    No optimizer, no gradients, no activations kept. hf: the model in the compute dtype on the
+    GPU, plus the KV cache of the rows one sampling call holds (HF_MAX_BATCH_SEQS // k prompts of
+    k samples, at full length) and one step's float32 logits. vllm: only the engine's reserved
+    share (the model stays in host memory: the engine loads the checkpoint's directory itself),
+    which must hold the weights and one full-length sequence. `arch` defaults to cfg.model's.
+    """
+    if not gpu_memory_gib > 0:
+        raise ValueError(f"gpu memory {gpu_memory_gib} GiB: must be > 0")
+    a = arch or resolve_architecture(cfg.model)
+    c = DTYPE_BYTES[cfg.model.dtype]
+    k = cfg.data.eval_k
+    seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    gpu = gpu_memory_gib * GIB
+    items: list[Item] = []
+    problems_text: list[str] = []
+    kv_tokens = 0.0
+    if cfg.rollout.engine == "vllm":
+        share = cfg.rollout.gpu_memory_utilization * gpu
+        eweights = c * a.params
+        kv = share - eweights - VLLM_OVERHEAD_GIB * GIB
+        kv_tokens = max(kv, 0.0) / (c * a.kv_bytes_per_token)
+        items.append(
+            Item(
+                "engine",
+                "vLLM engine share (reserved)",
+                share,
+                ("resident",),
+                detail=f"{cfg.rollout.gpu_memory_utilization:g} × {gpu_memory_gib:g} GiB: weights "
+                f"{_g(eweights)}, overhead {VLLM_OVERHEAD_GIB:g}, KV cache {_g(max(kv, 0))} GiB = "
+                f"{kv_tokens / seq_len:.1f} sequences of {seq_len}",
+            )
+        )
+        if kv_tokens < seq_len:
+            need = (eweights + VLLM_OVERHEAD_GIB * GIB + seq_len * c * a.kv_bytes_per_token) / gpu
+            problems_text.append(
+                f"the vLLM engine's {_g(share)} GiB share cannot hold its {_g(eweights)} GiB of "
+                f"weights and one {seq_len}-token sequence: rollout.gpu_memory_utilization >= "
+                f"{math.ceil(need * 100) / 100:.2f} needed"
+            )
+    else:
+        items.append(
+            Item(
+                "weights",
+                f"{cfg.model.dtype} weights",
+                c * a.params,
+                ("resident",),
+                detail="the checkpoint's model in the compute dtype",
+            )
+        )
+        rows = min(max(1, HF_MAX_BATCH_SEQS // k), max(problems, 1)) * k
+        kv = rows * seq_len * a.kv_bytes_per_token * c
+        logits = rows * a.vocab * 4
+        items.append(
+            Item(
+                "kv_hf",
+                "hf engine's KV cache",
+                kv + logits,
+                ("rollout",),
+                detail=f"{rows} sequences × {seq_len} tokens + one step's logits",
+            )
+        )
+    items.append(Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",)))
+    plan = Plan(
+        arch=a,
+        workers=1,
+        gpu_bytes=gpu,
+        device="cuda",
+        regime=regime(cfg.model.dtype, 1),
+        items=tuple(items),
+        kv_tokens=kv_tokens,
+        seq_len=seq_len,
+    )
+    if plan.peak_bytes > gpu:
+        problems_text.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB")
+    return dataclasses.replace(plan, problems=tuple(problems_text))
+
+
+def check_evaluation_fits(
+    cfg: ExperimentConfig,
+    problems: int,
+    gpu_memory_gib: float | None = None,
+    *,
+    arch: Architecture | None = None,
+) -> Plan | None:
+    """Before an evaluation on a GPU: its plan, or PlanError in one line. None (no check) when
+    it does not target CUDA, as check_fits."""
+    if cfg.run.device == "cpu":
+        return None
+    if gpu_memory_gib is None:
+        gpu_memory_gib = _cuda_memory_gib()
+        if gpu_memory_gib is None:
+            return None
+    plan = plan_evaluation(cfg, problems, gpu_memory_gib, arch=arch)
+    if not plan.fits:
+        biggest = ", ".join(f"{i.label} {_g(i.nbytes)}" for i in plan.biggest(2))
+        hint = (
+            "; the vllm engine pages its KV cache within its share: --engine vllm"
+            if cfg.rollout.engine != "vllm"
+            else ""
+        )
+        raise PlanError(
+            f"evaluating with the {cfg.rollout.engine} engine ({problems} problems × "
+            f"{cfg.data.eval_k} samples) does not fit one {gpu_memory_gib:g} GiB GPU: "
+            f"{'; '.join(plan.problems)} (biggest items, GiB: {biggest}){hint}"
+        )
+    return plan
+
+
 # --- output -------------------------------------------------------------------------------------
 def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
     a = plan.arch
@@ -650,11 +864,22 @@ def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
         f"  {'peak per worker':<31} {_g(plan.peak_bytes):>8}  of {plan.gpu_bytes / GIB:g} GiB "
         "(resident + the largest phase: update, step, rollout, sync)"
     )
+    if plan.device == "cuda":
+        lines.append(f"  {'margin':<31} {_g(plan.margin_bytes):>8}  {_margin_text(plan)}")
     if plan.host_bytes:
         lines.append(f"  {'host memory per worker':<31} {_g(plan.host_bytes):>8}")
     lines.append("")
     lines.append(advice(plan, cfg))
     return "\n".join(lines)
+
+
+def _margin_text(plan: Plan) -> str:
+    """Where the plan's slack is: what is left of the GPU, and the estimated allowances (not
+    measured tensors) already inside the peak, so a reader sees how much is guesswork."""
+    allowances = [i for i in plan.gpu_items if i.key in MARGIN_ITEMS]
+    held = ", ".join(f"{i.label} {_g(i.nbytes)}" for i in allowances)
+    text = f"free after the peak ({plan.margin_bytes / plan.gpu_bytes:.0%} of the GPU)"
+    return text + (f"; allowances inside the peak, GiB: {held}" if held else "")
 
 
 def _regime_text(reg: str) -> str:

@@ -66,13 +66,44 @@ PRESETS: dict[str, dict[str, Any]] = {
         "run.steps": 150,
         "run.device": "cpu",
     },
+    # SmolLM2-135M-Instruct, a real pretrained model with its 49,152-token tokenizer and chat
+    # template, on the 2-core CPU (`make real-model` converts it once per machine;
+    # dapo_core.real_model). Task: easy addition in words with the reply begun as `Answer: `
+    # (dapo_core.data.arithmetic), on which it starts with signal; a reply is `42` + EOS, so a
+    # budget of 16 tokens leaves room for chatter and L_cache 4 punishes only that. Batches are
+    # small because one forward+backward of 135M parameters costs seconds here; lr 5e-6 is a
+    # first guess, not calibrated yet.
+    "smollm2-135m": {
+        "model.name_or_path": "smollm2-135m",
+        "rollout.engine": "hf",
+        "rollout.group_size": 8,
+        "rollout.max_prompt_len": 64,
+        "rollout.max_response_len": 16,
+        "algo.overlong_cache_len": 4,
+        "batch.train_batch_size": 8,
+        "batch.gen_batch_size": 8,
+        "batch.mini_batch_size": 4,
+        "batch.micro_batch_size": 32,
+        "algo.ppo_epochs": 1,
+        "optim.lr": 5e-6,
+        "optim.weight_decay": 0.0,
+        "optim.warmup_updates": 2,
+        "data.train": "arithmetic",
+        "data.eval": "arithmetic-eval",
+        "data.eval_k": 4,
+        "data.eval_problems": 96,
+        "data.eval_every": 10,
+        "data.prompt_template": "chat-answer",
+        "run.steps": 40,
+        "run.device": "cpu",
+    },
     # Qwen2.5-0.5B/1.5B-Instruct: verl's DAPO recipe (recipe/dapo/run_dapo_qwen2.5_32b.sh and
     # test_dapo_7b_math.sh: clip 0.2/0.28, G 16, lr 1e-6, weight decay 0.1, grad clip 1.0, token-
     # mean loss, 10 generation batches at most) scaled down so that one arm is one 80 GB GPU and
     # the six-arm ladder one 8-GPU node: 64 prompts × 16 responses per step, mini-batch 16 prompts
     # (4 updates per step), L_max 4096 with L_cache 1024 (the paper's 20480/4096, shortened),
     # prompts up to 1024 tokens; the paper's warm-up of 20 rollout steps (× 4 updates).
-    # `dapo plan` on one 80 GB GPU (79 GiB): 0.5B peaks at 51 GiB, 1.5B at 68 GiB, vLLM's share
+    # `dapo plan` on one 80 GB GPU (79 GiB): 0.5B peaks at 55 GiB, 1.5B at 71 GiB, vLLM's share
     # (0.3) included. Cost, an ESTIMATE (assumptions in COST): about 8 GPU-hours per arm for 0.5B
     # and 12 for 1.5B, so the six-arm ladder takes one 8-GPU node about half a day.
     "qwen2.5-0.5b": {
@@ -90,7 +121,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # instead of 512 (4 updates per step, a quarter of the cost). One sequence per micro-batch
     # (half verl's per-GPU token budget of 2 × 10240), gradient checkpointing, vLLM with half the
     # GPU.
-    # `dapo plan` asks for at least 5 workers of 80 GB; 8 (one node per arm) peak at 69 of 79 GiB.
+    # `dapo plan` asks for at least 6 workers of 80 GB; 8 (one node per arm) peak at 73 of 79 GiB.
     # Cost, an ESTIMATE (assumptions in COST): about 180 GPU-hours per arm (a day on 8 GPUs).
     "qwen2.5-7b": {
         "model.name_or_path": "Qwen/Qwen2.5-7B-Instruct",
@@ -125,8 +156,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 2024 avg@32. One sequence of up to 22528 tokens per micro-batch, gradient checkpointing.
     # `dapo plan`: no number of 80 GB GPUs fits, because each worker's colocated vLLM engine holds
     # all 61 GiB of bf16 weights (no tensor parallelism) plus at least one full sequence of KV
-    # cache; on 141 GB H200s with 0.6 of the GPU for vLLM it asks for at least 30 workers, and 48
-    # (6 nodes) peak at 132.5 of 139 GiB. (The paper used 128 H20s; verl's script 16 nodes of 8
+    # cache; on 141 GB H200s with 0.6 of the GPU for vLLM it asks for at least 45 workers, and 48
+    # (6 nodes) peak at 138.3 of 139 GiB. (The paper used 128 H20s; verl's script 16 nodes of 8
     # with tensor-parallel rollout, sequence parallelism and offload.)
     # Cost, an ESTIMATE (assumptions in COST): about 91,000 GPU-hours per arm at a mean response of
     # half the budget, 17,000 at 4,000 tokens. Generation-bound: each engine's KV cache holds about

@@ -4,6 +4,7 @@ Layout under a run's out_dir:
 
     checkpoints/
       latest                  text file naming the newest complete checkpoint ("step_8")
+      best.json               the checkpoint of the best held-out avg@k so far ({"step", "score"})
       step_8/
         model/                save_pretrained: weights, config, tokenizer (loadable on its own)
         trainer_state.pt      optimizer, LR schedule, RNG streams, data position,
@@ -13,7 +14,9 @@ Layout under a run's out_dir:
 N workers write a sharded checkpoint instead (save_sharded_checkpoint):
 
       step_8/
-        model/                HF-format export in the compute dtype (for `dapo eval`, serving)
+        model/                HF-format export in the compute dtype (for `dapo eval`, serving),
+                              written at the end of a run, and for any other checkpoint on
+                              demand from dcp/ (ensure_export)
         dcp/                  torch.distributed.checkpoint: the float32 masters and the AdamW
                               states, keyed by the causal LM's own parameter names
         ranks/rank_<r>.pt     each worker's random streams (its process and its engine)
@@ -28,6 +31,8 @@ optimizer state, renamed from positions to parameter names and sharded on load
 
 A checkpoint is written to a temporary sibling directory and renamed into place, and `latest`
 is replaced atomically after that, so a kill at any moment leaves the previous checkpoint intact.
+Only then are old ones deleted (retain_checkpoints): run.keep_checkpoints most recent, the best
+evaluation's, and never the one `latest` names or the one this start resumed from.
 `trainer_state.pt` holds tensors, numbers, strings, lists and dicts only and is loaded with
 `torch.load(weights_only=True)`, and `dcp/` is read through dapo_core.train.safe_dcp (an
 allow-list for its metadata, weights_only for its byte items): a crafted file cannot run code.
@@ -37,6 +42,7 @@ following `latest` are in dapo_core.train.run_dir.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -66,8 +72,12 @@ from dapo_core.train.run_dir import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from dapo_core.setup.config import ModelConfig
+
 __all__ = [
     "checkpoint_step",
+    "ensure_export",
+    "has_export",
     "is_sharded",
     "latest_checkpoint",
     "load_checkpoint_config",
@@ -78,6 +88,7 @@ __all__ = [
     "load_sharded_optimizer",
     "load_trainer_state",
     "resolve_checkpoint",
+    "retain_checkpoints",
     "save_checkpoint",
     "save_sharded_checkpoint",
 ]
@@ -110,6 +121,66 @@ def save_checkpoint(
         raise
     write_atomic(root / LATEST, final.name)
     return final
+
+
+BEST = "best.json"
+"""In checkpoints/: the step and held-out avg@k of the best evaluated checkpoint so far."""
+
+
+def retain_checkpoints(
+    saved: Path,
+    *,
+    keep: int,
+    score: float | None = None,
+    resumed_from: Path | None = None,
+) -> list[Path]:
+    """After checkpoint `saved` is in place (and `latest` names it), delete the older ones that
+    nothing needs; returns the deleted. One process calls it (rank 0 of N).
+
+    `score` is the held-out avg@k of an evaluation at saved's step (None: not evaluated there);
+    when it beats the best so far (checkpoints/best.json, kept across resumes), saved becomes
+    the best. Kept: the `keep` most recent step_N (0: every one), the best's, the one `latest`
+    names, and `resumed_from` (a resume never deletes what it started from)."""
+    root = Path(saved).parent
+    best = _read_best(root)
+    step = checkpoint_step(saved)
+    if score is not None and (best is None or score > best[1] or best[0] == step):
+        write_atomic(root / BEST, json.dumps({"step": step, "score": score}))
+        best = (step, score)
+    if keep <= 0:
+        return []
+    steps = sorted(
+        (checkpoint_step(p), p)
+        for p in root.iterdir()
+        if _is_step_dir(p)  # never a temporary .step_N.* of a save in progress
+    )
+    protected = {p.name for _, p in steps[-keep:]} | {Path(saved).name}
+    if best is not None:
+        protected.add(f"step_{best[0]}")
+    if resumed_from is not None:
+        protected.add(Path(resumed_from).name)
+    with contextlib.suppress(OSError):
+        protected.add((root / LATEST).read_text().strip())
+    deleted = [p for _, p in steps if p.name not in protected]
+    for path in deleted:
+        shutil.rmtree(path)
+    return deleted
+
+
+def _is_step_dir(path: Path) -> bool:
+    try:
+        checkpoint_step(path)
+    except ValueError:
+        return False
+    return path.is_dir() and not path.is_symlink()
+
+
+def _read_best(root: Path) -> tuple[int, float] | None:
+    try:
+        found = json.loads((root / BEST).read_text())
+        return int(found["step"]), float(found["score"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none yet (or unreadable: the next evaluation writes it anew)
 
 
 def _save_quietly(model: PreTrainedModel, path: Path) -> None:
@@ -192,6 +263,35 @@ def is_sharded(ckpt: Path) -> bool:
     return (Path(ckpt) / SHARDS_DIR).is_dir()
 
 
+def has_export(ckpt: Path) -> bool:
+    """Whether the checkpoint holds HF-format weights in model/ (one worker's always does)."""
+    return any((Path(ckpt) / MODEL_DIR).glob("*.safetensors"))
+
+
+def ensure_export(ckpt: Path, model_cfg: ModelConfig) -> Path:
+    """The checkpoint's model/ (HF format, compute dtype), written now from its dcp/ when N
+    workers left it out (they export a run's last checkpoint only): the on-demand export that
+    `dapo eval` and serving read. `model_cfg` is the run's (its architecture and tokenizer)."""
+    ckpt = Path(ckpt)
+    if not is_sharded(ckpt) or has_export(ckpt):
+        return ckpt / MODEL_DIR
+    from dapo_core.models import load_policy
+
+    model, tokenizer = load_policy(model_cfg, "cpu", dtype="float32")
+    load_sharded_model(model, ckpt)
+    nn.Module.to(model, getattr(torch, model_cfg.dtype))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIR}.", dir=ckpt))
+    try:
+        _save_quietly(model, tmp)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(ckpt / MODEL_DIR, ignore_errors=True)  # a partial one (no weights)
+        os.replace(tmp, ckpt / MODEL_DIR)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ckpt / MODEL_DIR
+
+
 def save_sharded_checkpoint(
     out_dir: Path,
     step: int,
@@ -204,10 +304,13 @@ def save_sharded_checkpoint(
     config: dict[str, Any],
     dist: Collective,
     export_dtype: torch.dtype,
+    export: bool = True,
 ) -> Path:
     """Every rank calls this together; rank 0 writes the shared files and renames the
     checkpoint into place. `policy` is the causal LM whose parameters are FSDP2 DTensors;
-    `trainer_state` is Trainer.state_dict(optimizer=False), `rank_state` Trainer.rank_state()."""
+    `trainer_state` is Trainer.state_dict(optimizer=False), `rank_state` Trainer.rank_state().
+    `export` adds model/, the HF-format weights in `export_dtype` (a gather of the whole model
+    and ~2 bytes a parameter on disk: the run's last checkpoint has it, the others need not)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -224,15 +327,20 @@ def save_sharded_checkpoint(
         if optimizer.state:  # before the first update there is nothing to keep (and asking
             # for the state dict would create one with a zero step, shifting AdamW's count)
             state["optim"] = get_optimizer_state_dict(policy, optimizer)
-        dcp.save(state, checkpoint_id=str(tmp / SHARDS_DIR))
+        # DCP's own planning is object collectives: on the collective's gloo group (if it has
+        # one), not the default group, which is NCCL on GPUs.
+        objects = getattr(dist, "objects", None)
+        dcp.save(state, checkpoint_id=str(tmp / SHARDS_DIR), process_group=objects)
         (tmp / RANKS_DIR).mkdir(exist_ok=True)
         torch.save(rank_state, tmp / RANKS_DIR / f"rank_{dist.rank}.pt")
-        export = _gather_export(policy, export_dtype, keep=dist.rank == 0)
+        if export:
+            weights = _gather_export(policy, export_dtype, keep=dist.rank == 0)
+            if dist.rank == 0:
+                _write_hf_export(policy, tokenizer, weights, export_dtype, tmp / MODEL_DIR)
+            del weights
         if dist.rank == 0:
-            _write_hf_export(policy, tokenizer, export, export_dtype, tmp / MODEL_DIR)
             torch.save(trainer_state, tmp / STATE_FILE)
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
-        del export
         dist.barrier()  # every rank's files are on disk before the rename
         if dist.rank == 0:
             if final.exists():  # a replayed step after a resume: replace it

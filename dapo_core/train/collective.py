@@ -2,7 +2,8 @@
 
 `LOCAL` is the single-process case (every collective is the identity), so the trainer has one
 code path for 1 and N workers. `TorchCollective` uses torch.distributed's default process group
-(gloo on CPU, NCCL on GPU); tensors it reduces are moved to the backend's device and back.
+(gloo on CPU, NCCL on GPU) for tensors, which it moves to the backend's device and back, and
+a gloo group for objects and barriers (`objects`, see `open_collective`).
 """
 
 from __future__ import annotations
@@ -60,23 +61,25 @@ class TorchCollective:
     """A torch.distributed group (initialised by the caller): the default one, or `group` (a
     subgroup of it, e.g. the workers of one arm when a job holds several)."""
 
-    def __init__(self, group: Any | None = None) -> None:
+    def __init__(self, group: Any | None = None, *, objects: Any | None = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
         self.group = group
+        # Object collectives and barriers go here (the same ranks as `group`).
+        self.objects = group if objects is None else objects
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        backend = dist.get_backend(group)
+        backend = str(dist.get_backend(group))
         self._device = (
             torch.device("cuda", torch.cuda.current_device())
-            if backend == "nccl"
+            if "nccl" in backend  # also "cpu:gloo,cuda:nccl" (CPU offload)
             else torch.device("cpu")
         )
 
     def all_gather_object(self, obj: T) -> list[T]:
         out: list[Any] = [None] * self.world_size
-        self._dist.all_gather_object(out, obj, group=self.group)
+        self._dist.all_gather_object(out, obj, group=self.objects)
         return out
 
     def all_reduce_sum(self, x: Tensor) -> Tensor:
@@ -87,14 +90,32 @@ class TorchCollective:
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         box: list[Any] = [obj]
         # `src` is a rank of this group; torch names the source by its global rank.
-        self._dist.broadcast_object_list(box, src=self._global(src), group=self.group)
+        self._dist.broadcast_object_list(box, src=self._global(src), group=self.objects)
         return box[0]  # type: ignore[no-any-return]
 
     def barrier(self) -> None:
-        self._dist.barrier(group=self.group)
+        self._dist.barrier(group=self.objects)
 
     def _global(self, rank: int) -> int:
-        return rank if self.group is None else int(self._dist.get_global_rank(self.group, rank))
+        if self.objects is None:
+            return rank
+        return int(self._dist.get_global_rank(self.objects, rank))
+
+
+def open_collective(timeout_s: float) -> TorchCollective:
+    """The collective of a training job over every rank of the default process group (already
+    initialised), its objects and barriers on a new gloo group that waits `timeout_s` seconds.
+
+    On NCCL an object collective pickles through GPU memory and waits under NCCL's watchdog: a
+    rank that is still generating (ranks' rollouts and evaluations take different times) would
+    end the run at the default group's timeout. On gloo they wait on the host for as long as
+    run.collective_timeout_s says. Every rank must call this, in the same order (new_group)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    objects = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return TorchCollective(objects=objects)
 
 
 def shard(items: list[T], rank: int, world_size: int) -> list[T]:

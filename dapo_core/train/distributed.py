@@ -2,7 +2,9 @@
 
 Every rank runs `train_worker`, which is `runner.train` with these differences:
 
-    init_distributed    torch.distributed's default group: gloo on CPU, NCCL on GPU
+    init_distributed    torch.distributed's default group: gloo on CPU, NCCL on GPU (and gloo
+                        for CPU tensors with model.cpu_offload); objects and barriers go over a
+                        gloo group that waits run.collective_timeout_s (open_collective)
     load the policy     float32 and whole, in host memory (from the checkpoint when resuming)
     rollout copy        an unsharded copy in the compute dtype for this rank's engine (hf); the
                         engine's random stream is seeded per rank, so ranks sample differently
@@ -29,6 +31,7 @@ receive them: the sink is made inside the worker by `sink_factory`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -50,7 +53,7 @@ from torch import nn
 
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
-from dapo_core.train.collective import Collective, TorchCollective, full_tensor
+from dapo_core.train.collective import Collective, full_tensor, open_collective
 from dapo_core.train.policy import LogprobModel, compute_dtype
 from dapo_core.train.protocols import MetricsSink
 from dapo_core.train.runner import TrainResult
@@ -84,6 +87,17 @@ def engine_seed(seed: int, rank: int, step: int = 0) -> int:
 
 
 # --- process group ------------------------------------------------------------------------------
+def process_group_backend(device: str, *, cpu_offload: bool = False) -> str:
+    """torch.distributed's backend for run.device resolved (`cpu` or `cuda`).
+
+    With model.cpu_offload the FSDP2 shards, and so the gradient-norm reduction of clipping and
+    the gathers of an export, are CPU tensors, which NCCL cannot reduce ("No backend type
+    associated with device type cpu"): CPU tensors then go over gloo, CUDA tensors over NCCL."""
+    if device != "cuda":
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cpu_offload else "nccl"
+
+
 def init_distributed(
     rank: int,
     world_size: int,
@@ -92,20 +106,22 @@ def init_distributed(
     device: str,
     local_rank: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    cpu_offload: bool = False,
 ) -> torch.device:
     """Join the default process group; returns this rank's compute device.
 
-    `device` is run.device resolved (`cpu` or `cuda`): gloo on CPU, NCCL on GPU, where this rank
-    uses GPU `local_rank` (default: rank modulo the GPUs it sees; a Ray actor sees its one)."""
+    `device` is run.device resolved (`cpu` or `cuda`): gloo on CPU, NCCL on GPU (plus gloo for
+    CPU tensors with `cpu_offload`), where this rank uses GPU `local_rank` (default: rank modulo
+    the GPUs it sees; a Ray actor sees its one)."""
     import torch.distributed as dist
 
+    backend = process_group_backend(device, cpu_offload=cpu_offload)
     if device == "cuda":
         index = rank % torch.cuda.device_count() if local_rank is None else local_rank
         compute = torch.device("cuda", index)
         torch.cuda.set_device(compute)
-        backend = "nccl"
     else:
-        compute, backend = torch.device("cpu"), "gloo"
+        compute = torch.device("cpu")
     dist.init_process_group(
         backend,
         init_method=init_method,
@@ -239,11 +255,12 @@ def train_worker(
         progress: called on rank 0 after each step (the dict `runner.train` reports).
         local_rank: the GPU index on this host (default: rank modulo the visible GPUs).
         num_threads: torch CPU threads of this worker (default: run.num_threads or torch's).
-        timeout_s: how long a collective waits for a missing rank before failing.
+        timeout_s: how long a tensor collective waits for a missing rank before failing
+            (object collectives and barriers: run.collective_timeout_s).
     """
     import torch.distributed as dist
 
-    from dapo_core.train.runner import setup_torch
+    from dapo_core.train.runner import run_resources, setup_torch
 
     cfg = (
         config if isinstance(config, ExperimentConfig) else ExperimentConfig.from_dict(dict(config))
@@ -260,19 +277,24 @@ def train_worker(
         device=device_name,
         local_rank=local_rank,
         timeout_s=timeout_s,
+        cpu_offload=cfg.model.cpu_offload,
     )
     try:
-        return _train_rank(
-            cfg,
-            Path(out_dir),
-            TorchCollective(),
-            device,
-            sink_factory=sink_factory,
-            owner=owner,
-            resume=resume,
-            progress=progress,
-            t_start=t_start,
-        )
+        # The rank's engine is closed (vllm: before the process group goes) and its device
+        # memory released however the run ends: a pooled Ray actor trains the next arm here.
+        with run_resources() as cleanup:
+            return _train_rank(
+                cfg,
+                Path(out_dir),
+                open_collective(cfg.run.collective_timeout_s),
+                device,
+                sink_factory=sink_factory,
+                owner=owner,
+                resume=resume,
+                progress=progress,
+                t_start=t_start,
+                cleanup=cleanup,
+            )
     finally:
         if dist.is_initialized():  # an engine's shutdown may have destroyed it already (vllm)
             dist.destroy_process_group()
@@ -289,6 +311,7 @@ def _train_rank(
     resume: bool,
     progress: Callable[[dict[str, Any]], None] | None,
     t_start: float,
+    cleanup: contextlib.ExitStack,
 ) -> TrainResult:
     from dapo_core.data.loaders import load_problems
     from dapo_core.models import TINY, tiny_model_dir
@@ -335,6 +358,7 @@ def _train_rank(
     fresh_stream = ckpt is not None and own_streams is None and rank > 0
     seed = engine_seed(cfg.run.seed, rank, checkpoint_step(ckpt) if fresh_stream and ckpt else 0)
     engine = _make_rank_engine(cfg, model, tokenizer, device, coll, out_dir, seed=seed)
+    cleanup.callback(engine.close)
 
     root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload)
     if sharded and ckpt is not None:
@@ -387,6 +411,9 @@ def _train_rank(
             config=cfg.to_dict(),
             dist=coll,
             export_dtype=dtype,
+            # The HF export at the end only: at 7B it is a whole-model gather and ~14 GiB a
+            # checkpoint, and `dapo eval` of an earlier checkpoint reads its dcp/ instead.
+            export=trainer.rollout_step >= cfg.run.steps,
         )
 
     sink: MetricsSink = NullSink()
@@ -406,9 +433,6 @@ def _train_rank(
         return run_steps(job, ckpt=ckpt, progress=progress if rank == 0 else None, t_start=t_start)
     finally:
         sink.close()
-        close = getattr(engine, "close", None)  # vllm: before the process group goes
-        if callable(close):
-            close()
 
 
 def _make_rank_engine(
@@ -495,11 +519,13 @@ def launch_local(
             )
         finally:
             sink.close()
-    if resolve_device(cfg.run.device) == "cuda" and torch.cuda.device_count() < workers:
+    cuda = resolve_device(cfg.run.device) == "cuda"
+    if cuda and torch.cuda.device_count() < workers:
         raise ValueError(
             f"--workers {workers} on this machine needs {workers} GPUs (one per worker); "
             f"{torch.cuda.device_count()} visible"
         )
+    devices = rank_devices(workers) if cuda and cfg.rollout.engine == "vllm" else None
     # The usual refusals (another run's directory, a changed config) before any process starts.
     open_run_dir(cfg, Path(out_dir), resume=resume, owner=owner)
     threads = cfg.run.num_threads or max(1, (os.cpu_count() or 1) // workers)
@@ -517,6 +543,7 @@ def launch_local(
         timeout_s,
         str(report),
         os.getpid(),
+        devices,
     )
     try:
         try:
@@ -526,6 +553,15 @@ def launch_local(
         return TrainResult(**json.loads((report / "result.json").read_text()))
     finally:
         shutil.rmtree(report, ignore_errors=True)
+
+
+def rank_devices(workers: int) -> list[str]:
+    """Each local rank's GPU as CUDA_VISIBLE_DEVICES names it: the r-th of this process's own
+    list (indices or UUIDs) when it has one, else r."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [d.strip() for d in visible.split(",") if d.strip()][:workers]
+    return [str(r) for r in range(workers)]
 
 
 def _null_sink() -> MetricsSink:
@@ -548,8 +584,19 @@ def _spawn_entry(
     timeout_s: float,
     report: str,
     parent_pid: int,
+    devices: list[str] | None = None,
 ) -> None:
-    """One spawned worker: train_worker, its result or error written where the parent looks."""
+    """One spawned worker: train_worker, its result or error written where the parent looks.
+
+    `devices` (vllm on GPUs): this rank is shown only devices[rank], before CUDA starts in the
+    process, and uses it as its device 0, as a Ray actor does. vLLM's single-process executor
+    puts its engine on device 0 of what it sees, whatever torch.cuda.set_device says: with
+    every GPU visible, every rank's engine (and then its FSDP shards) lands on GPU 0. The hf
+    engine keeps every GPU visible (NCCL's peer-to-peer paths between them stay open)."""
+    local_rank = rank
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[rank]
+        local_rank = 0
     _exit_with_parent(parent_pid)
     # Rank 0 speaks for the job; the other ranks' warnings would repeat its own.
     logging.basicConfig(
@@ -573,7 +620,7 @@ def _spawn_entry(
             owner,
             resume=resume,
             progress=progress,
-            local_rank=rank,
+            local_rank=local_rank,
             num_threads=threads,
             timeout_s=timeout_s,
         )

@@ -60,6 +60,9 @@ class _ChunkedLinearLogprob(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.inv_temperature = inv_temperature
         ctx.chunk_size = chunk_size
+        # The backward (outside autocast, as the update runs it) recomputes the logits at the
+        # weights' own precision; when the forward's were lower, its normaliser is recomputed.
+        ctx.recompute_lse = _lower_precision_forward(hidden, weight)
         ctx.set_materialize_grads(False)  # an unused output (usually entropy) costs nothing
         return logprobs, entropy
 
@@ -84,7 +87,14 @@ class _ChunkedLinearLogprob(torch.autograd.Function):
         for s in range(0, n, ctx.chunk_size):
             e = min(s + ctx.chunk_size, n)
             h = hidden[s:e]
-            logp = _chunk_logits(h, weight, bias, inv_t).sub_(lse[s:e, None])  # recomputed, [c, V]
+            z = _chunk_logits(h, weight, bias, inv_t)  # recomputed, [c, V] float32
+            # Normalised by the recomputed logits' own log-sum-exp, not the forward's: under
+            # bf16 autocast the forward's logits were bf16 and this backward's are float32, and
+            # p = exp(z_fp32 − lse_bf16) would not sum to 1 (off by up to |max logit| · 2^-8,
+            # ~6% of p at logits near 30: a biased gradient). In float32 both are the same
+            # numbers, so a float32 run's gradient is unchanged bit for bit.
+            lse_c = lse[s:e] if not ctx.recompute_lse else torch.logsumexp(z, dim=-1)
+            logp = z.sub_(lse_c[:, None])
             if grad_entropy is None:  # the usual case: reuse the logits buffer in place
                 assert grad_logprobs is not None
                 gl = grad_logprobs[s:e, None].float()
@@ -92,7 +102,8 @@ class _ChunkedLinearLogprob(torch.autograd.Function):
                 g.scatter_add_(-1, targets[s:e, None], gl)  # + onehot · g
             else:  # entropy bonus: ∂H/∂z_j = −p_j (log p_j + H)
                 p = logp.exp()
-                g = p * (logp + entropy[s:e, None]) * (-grad_entropy[s:e, None].float())
+                ent = entropy[s:e] if not ctx.recompute_lse else -(p * logp).sum(-1)
+                g = p * (logp + ent[:, None]) * (-grad_entropy[s:e, None].float())
                 if grad_logprobs is not None:
                     gl = grad_logprobs[s:e, None].float()
                     g.sub_(p.mul_(gl)).scatter_add_(-1, targets[s:e, None], gl)
@@ -112,6 +123,15 @@ class _ChunkedLinearLogprob(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _lower_precision_forward(hidden: Tensor, weight: Tensor) -> bool:
+    """Whether this forward's logits matmul ran below the weight's precision (autocast on, or
+    low-precision inputs against a float32 weight), so the backward's recomputed logits differ
+    from the forward's."""
+    kind = weight.device.type
+    autocast = torch.is_autocast_enabled(kind) if kind in ("cpu", "cuda") else False
+    return autocast or hidden.dtype != weight.dtype
 
 
 def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, inv_t: float) -> Tensor:

@@ -17,7 +17,10 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
     }
     if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state_all()
+        # This process's own device only: get_rng_state_all() would initialise every visible
+        # GPU (a context on each, in a process that trains on one), and a checkpoint holding
+        # N devices' states could not be restored where fewer are visible.
+        out["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     try:
         import numpy as np
 
@@ -34,9 +37,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _set_cuda_rng_state(state["cuda"])
     if "numpy" in state:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def _set_cuda_rng_state(saved: torch.Tensor | list[torch.Tensor]) -> None:
+    """The current device's CUDA stream from a checkpoint: one state (this module's format), or
+    the list of every visible device's that older checkpoints hold, of which the entry of this
+    process's device index is used when it exists (a resume on fewer GPUs skips the stream,
+    which changes sampling on the GPU only, never what a run may resume)."""
+    device = torch.cuda.current_device()
+    if isinstance(saved, list | tuple):
+        if device >= len(saved):
+            return
+        saved = saved[device]
+    torch.cuda.set_rng_state(saved, device)

@@ -52,8 +52,14 @@ def write_atomic(path: Path, text: str) -> None:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The complete checkpoint `latest` names under run_dir, or None when there is none yet.
 
-    Raises ValueError when the pointer names anything but a step_<N> directory of this run."""
+    Raises ValueError when the pointer names anything but a step_<N> directory of this run, or
+    when checkpoints/ itself is a symlink out of the run directory."""
     root = Path(run_dir) / CHECKPOINTS
+    if root.is_symlink() and not root.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ValueError(
+            f"{root} is a symlink to {root.resolve()}, outside the run directory {run_dir}: "
+            "refusing to resume from it"
+        )
     pointer = root / LATEST
     try:
         name = pointer.read_text().strip()

@@ -7,11 +7,15 @@ with the same arguments continues exactly where the last checkpoint left it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +29,7 @@ from dapo_core.train.checkpoint import (
     load_checkpoint_config,
     load_model_weights,
     load_trainer_state,
+    retain_checkpoints,
     save_checkpoint,
 )
 from dapo_core.train.collective import LOCAL, Collective, shard
@@ -49,7 +54,11 @@ RESUMABLE_CHANGES = frozenset(
         "run.checkpoint_every",
         "run.num_threads",
         "run.samples_per_step",
+        "run.keep_checkpoints",
+        "run.collective_timeout_s",
         "data.eval_every",
+        "run.loggers",
+        "run.mlflow_uri",
     }
 )
 
@@ -118,7 +127,32 @@ def train(
     `owner` names the job the directory belongs to (see dapo_core.train.run_dir.claim); a
     directory owned by another job is refused before anything in it is read. Many workers:
     dapo_core.train.distributed.train_worker.
+
+    However it ends, the run's engine is closed and its device memory released
+    (`run_resources`), so that the next run in this process starts on a free device.
     """
+    with run_resources() as cleanup:
+        return _train(
+            cfg,
+            sink=sink,
+            out_dir=out_dir,
+            resume=resume,
+            progress=progress,
+            owner=owner,
+            cleanup=cleanup,
+        )
+
+
+def _train(
+    cfg: ExperimentConfig,
+    *,
+    sink: MetricsSink,
+    out_dir: Path,
+    resume: bool,
+    progress: Callable[[dict[str, Any]], None] | None,
+    owner: Mapping[str, Any] | None,
+    cleanup: contextlib.ExitStack,
+) -> TrainResult:
     from dapo_core.data.loaders import load_problems
     from dapo_core.engines import make_engine
     from dapo_core.train.checkpoint import (
@@ -143,6 +177,7 @@ def train(
         else:
             load_model_weights(model, ckpt)
     engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, work_dir=out_dir)
+    cleanup.callback(engine.close)
     trainer = Trainer(cfg, model, tokenizer, engine, problems)
     if ckpt is not None:
         state = load_trainer_state(ckpt)
@@ -170,6 +205,38 @@ def train(
         checkpoint=checkpoint,
     )
     return run_steps(job, ckpt=ckpt, progress=progress, t_start=t_start)
+
+
+@contextlib.contextmanager
+def run_resources() -> Iterator[contextlib.ExitStack]:
+    """The scope of one run in this process: what is registered on the stack (its engines'
+    close) is undone when the run ends, succeeded or failed, then the device memory the run
+    held is released (release_device_memory). A pooled Ray actor trains arm after arm in one
+    process; vLLM refuses to start when the device's free memory is short of its share."""
+    error: BaseException | None = None
+    try:
+        with contextlib.ExitStack() as stack:
+            yield stack
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        release_device_memory(error)
+        del error  # the traceback holds this frame: no cycle kept alive past the release
+
+
+def release_device_memory(error: BaseException | None = None) -> None:
+    """Collect what a finished run left behind and hand torch's cached device blocks back to
+    the driver: vLLM's free-memory check counts them as used.
+
+    A failed run's traceback keeps every frame below the handler alive, with their locals (the
+    model, the optimizer, the engine): `error`'s frames are cleared first, so that a failure
+    frees the device as a success does. The traceback's text (files, lines) is unchanged."""
+    if error is not None:
+        traceback.clear_frames(error.__traceback__)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def open_run_dir(
@@ -238,9 +305,12 @@ def run_steps(
     final_eval: dict[str, Any] | None = None
     step_times: list[float] = []
 
-    def checkpoint() -> None:
+    def checkpoint(score: float | None) -> None:
         nonlocal last_ckpt, last_saved
-        last_ckpt, last_saved = str(job.checkpoint()), trainer.rollout_step
+        saved = job.checkpoint()
+        last_ckpt, last_saved = str(saved), trainer.rollout_step
+        if dist.rank == 0:  # after every rank's save returned: nobody reads the old ones
+            retain_checkpoints(saved, keep=cfg.run.keep_checkpoints, score=score, resumed_from=ckpt)
 
     while trainer.rollout_step < steps:
         t0 = time.perf_counter()
@@ -250,17 +320,19 @@ def run_steps(
         if dist.world_size > 1:
             metrics.update(per_rank_timings(metrics, dist))
         is_last = s == steps
+        score = None  # this step's held-out avg@k: which checkpoint is the best
         if is_last or (cfg.data.eval_every and s % cfg.data.eval_every == 0):
             evaluation = job.evaluate(s)
             sink.log_evaluation(s, evaluation)
             metrics.update(_eval_metrics(evaluation))
+            score = float(evaluation["avg_at_k"])
             if is_last:
                 final_eval = evaluation
         sink.log_metrics(s, metrics)
         if result.samples:
             sink.log_samples(s, result.samples)
         if is_last or (cfg.run.checkpoint_every and s % cfg.run.checkpoint_every == 0):
-            checkpoint()
+            checkpoint(score)
         if trainer.diverged:
             raise TrainingDiverged(
                 f"training diverged at step {s}: {trainer.nonfinite_streak} gradient updates in a "
@@ -289,7 +361,7 @@ def run_steps(
         final_eval = job.evaluate(trainer.rollout_step)
         sink.log_evaluation(trainer.rollout_step, final_eval)
     if last_saved != trainer.rollout_step:
-        checkpoint()
+        checkpoint(float(final_eval["avg_at_k"]))
     return TrainResult(
         steps=trainer.rollout_step,
         grad_updates=trainer.grad_updates,
@@ -358,13 +430,9 @@ def evaluate_policy(
     """
     from dapo_core.algo.evaluate import summarize
     from dapo_core.algo.rewards import math_score
-    from dapo_core.data.loaders import format_prompt, load_problems
+    from dapo_core.data.loaders import format_prompt, response_prefix
 
-    problems = load_problems(cfg.data.eval, seed=cfg.run.seed)
-    if cfg.data.eval_problems:
-        problems = problems[: cfg.data.eval_problems]
-    if not problems:
-        raise ValueError(f"data.eval={cfg.data.eval!r} holds no problems")
+    problems = eval_problems(cfg)
     if engine is None:
         from dapo_core.engines import make_engine
 
@@ -388,7 +456,10 @@ def evaluate_policy(
     )
     scored: dict[int, tuple[list[bool], list[str | None]]] = {}
     for j, i in enumerate(mine):
-        results = [math_score(c.text, problems[i].answer) for c in completions[j * k : (j + 1) * k]]
+        results = [
+            math_score(response_prefix(cfg.data.prompt_template) + c.text, problems[i].answer)
+            for c in completions[j * k : (j + 1) * k]
+        ]
         scored[i] = ([bool(r.acc) for r in results], [r.pred for r in results])
     if dist.world_size > 1:
         for part in dist.all_gather_object(scored):
@@ -410,15 +481,68 @@ def evaluate_policy(
     }
 
 
+def eval_problems(cfg: ExperimentConfig) -> list[Any]:
+    """The problems an evaluation samples: the first data.eval_problems of data.eval (0: all)."""
+    from dapo_core.data.loaders import load_problems
+
+    problems = load_problems(cfg.data.eval, seed=cfg.run.seed)
+    if cfg.data.eval_problems:
+        problems = problems[: cfg.data.eval_problems]
+    if not problems:
+        raise ValueError(f"data.eval={cfg.data.eval!r} holds no problems")
+    return list(problems)
+
+
+def evaluate_checkpoint(ckpt: Path, cfg: ExperimentConfig) -> dict[str, Any]:
+    """`dapo eval`: evaluate_policy on a checkpoint with cfg's engine (rollout.engine).
+
+    On a GPU the evaluation's memory plan (setup.plan.check_evaluation_fits, the checkpoint's own
+    architecture, data.eval_k samples of each problem) runs before anything is loaded: a plan
+    that does not fit is refused in one line. The vllm engine starts from the checkpoint's HF
+    export as it is (no copy written; a copy in a temporary directory when the checkpoint has
+    none), so the transformers model, of which only the tokenizer and the EOS tokens are read,
+    stays in host memory. The engine is closed and the device memory released however the
+    evaluation ends (run_resources)."""
+    import tempfile
+
+    from dapo_core.engines import make_engine
+    from dapo_core.setup.architectures import resolve_architecture
+    from dapo_core.setup.plan import check_evaluation_fits
+    from dapo_core.train.checkpoint import ensure_export, has_export
+    from dapo_core.train.run_dir import checkpoint_step
+
+    model_dir = ensure_export(ckpt, cfg.model)  # N workers export their last checkpoint only
+    device = setup_torch(cfg)
+    if device == "cuda":
+        model_cfg = cfg.model
+        if (model_dir / "config.json").is_file():
+            model_cfg = dataclasses.replace(model_cfg, name_or_path=str(model_dir))
+        arch = resolve_architecture(model_cfg)
+        check_evaluation_fits(cfg, len(eval_problems(cfg)), arch=arch)
+    vllm = cfg.rollout.engine == "vllm"
+    model, tokenizer = load_checkpoint_policy(ckpt, cfg, "cpu" if vllm else device)
+    with run_resources() as cleanup:
+        init_dir, work_dir = None, None
+        if vllm and has_export(ckpt):
+            init_dir = model_dir
+        elif vllm:
+            work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="dapo-eval-")))
+        engine = make_engine(
+            cfg.rollout.engine, model, tokenizer, cfg, work_dir=work_dir, init_dir=init_dir
+        )
+        cleanup.callback(engine.close)
+        return evaluate_policy(cfg, model, tokenizer, engine, step=checkpoint_step(ckpt))
+
+
 def load_checkpoint_policy(
     ckpt: Path, cfg: ExperimentConfig, device: str
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A checkpoint's model and tokenizer on their own (for `dapo eval`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_core.train.run_dir import MODEL_DIR
+    from dapo_core.train.checkpoint import ensure_export
 
-    path = Path(ckpt) / MODEL_DIR
+    path = ensure_export(ckpt, cfg.model)  # N workers export their last checkpoint only
     dtype = getattr(torch, cfg.model.dtype)  # evaluation runs in the compute dtype
     from dapo_core.models import quiet_progress
 

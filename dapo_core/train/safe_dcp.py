@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -70,7 +70,31 @@ def read_metadata(path: Path, file: str = ".metadata") -> Metadata:
         raise UnsafeCheckpoint(f"refusing checkpoint {path}: its {file} {exc}") from None
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"refusing checkpoint {path}: {file} is not DCP metadata")
+    _check_storage_paths(Path(path), metadata, file)
     return metadata
+
+
+def _check_storage_paths(path: Path, metadata: Metadata, file: str) -> None:
+    """Every shard file the metadata names must lie inside the checkpoint's own directory: DCP's
+    reader opens `<dir>/<relative_path>` as stored, so `../` or an absolute path (or a shard
+    that is a symlink out) would read another file, anywhere, into the model."""
+    root = path.resolve()
+    storage = getattr(metadata, "storage_data", None) or {}
+    if not isinstance(storage, dict):
+        raise UnsafeCheckpoint(f"refusing checkpoint {path}: its {file} holds no shard table")
+    for info in storage.values():
+        stored = getattr(info, "relative_path", None)
+        relative = PurePath(str(stored))
+        if (
+            not isinstance(stored, str | PurePath)
+            or relative.is_absolute()
+            or ".." in relative.parts
+            or not (path / relative).resolve().is_relative_to(root)
+        ):
+            raise UnsafeCheckpoint(
+                f"refusing checkpoint {path}: its {file} names the shard file {str(stored)[:120]!r}, "
+                "outside the checkpoint's directory"
+            )
 
 
 class SafeReader(dcp.FileSystemReader):

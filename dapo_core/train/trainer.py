@@ -40,6 +40,7 @@ from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import sequences
 from dapo_core.train.collective import LOCAL, Collective
+from dapo_core.train.memory import PhaseMemory
 from dapo_core.train.policy import PolicyForward, compute_dtype
 from dapo_core.train.rng import rng_state, set_rng_state
 from dapo_core.train.rollout import (
@@ -138,6 +139,8 @@ class Trainer:
             autocast=autocast,
         )
         pad = int(tokenizer.pad_token_id or 0)
+        # GPU runs log each phase's peak (perf/peak_mem_gib/...) beside `dapo plan`'s items.
+        self.memory = PhaseMemory(self.device)
         self.updater = Updater(
             cfg,
             fwd,
@@ -148,6 +151,7 @@ class Trainer:
             dist=dist,
             ref_model=ref_model,
         )
+        self.updater.memory = self.memory
         if cfg.batch.train_batch_size <= cfg.batch.mini_batch_size and cfg.algo.ppo_epochs == 1:
             _warn_once(
                 "ratio-one",
@@ -176,7 +180,8 @@ class Trainer:
         times = self.source.start_step(self.rollout_step)
 
         # 1–3. sample prompts → G responses → rewards → dynamic-sampling filter
-        col = self.sampler.collect(self.source, self.rollout_step)
+        with self.memory.phase("rollout"):
+            col = self.sampler.collect(self.source, self.rollout_step)
         batch = col.groups
         metrics = rollout_metrics(
             col, self.cfg.rollout.group_size, len(self.sampler.carry), times["rollout"]
@@ -196,6 +201,7 @@ class Trainer:
             seqs = sequences(batch, advantages)
             # 5. old log-probs with the current policy, no grad (the first mini-batch's from
             #    its own first forward); 6. μ passes over mini-batches, clipped objective
+            self.updater.nonfinite_carried = self.nonfinite_streak
             stats = self.updater.run(seqs, len(batch), self._shuffle_gen)
             self.grad_updates += stats.updates
             # Skipped updates in a row, across steps: an applied update ends a streak.
@@ -203,15 +209,20 @@ class Trainer:
             self.nonfinite_streak = run if stats.updates else self.nonfinite_streak + run
             # 7. the engine samples the next step with the new weights
             if stats.updates:
-                self._sync()
+                with self.memory.phase("sync"):
+                    self._sync()
         else:
+            # One key for every empty step (a per-step key never repeats, so it warned every
+            # time); the later ones show in each step's sampling/kept_groups.
             _warn_once(
-                f"empty-{self.rollout_step}",
+                "empty-step",
                 f"step {self.rollout_step}: dynamic sampling kept 0 informative groups out of "
                 f"{len(col.generated)} in {col.gen_batches} generation batches "
-                f"(algo.max_gen_batches={self.cfg.algo.max_gen_batches}); skipping the update",
+                f"(algo.max_gen_batches={self.cfg.algo.max_gen_batches}); skipping the update "
+                "(warned once: later empty steps skip theirs without a warning)",
             )
         metrics.update(stats.metrics())
+        metrics.update(self.memory.metrics())
 
         self.gen_batches_total += col.gen_batches
         metrics.update(

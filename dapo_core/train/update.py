@@ -45,6 +45,7 @@ from dapo_core.train.batching import (
     scatter_rows,
 )
 from dapo_core.train.collective import Collective, shard
+from dapo_core.train.memory import PhaseMemory
 from dapo_core.train.policy import PolicyForward
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,10 @@ class Updater:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.pad_id, self.device, self.dist = pad_id, device, dist
         self.ref_model = ref_model
+        self.memory = PhaseMemory(device)  # the trainer hands in its own, to report per step
+        # Updates skipped in a row before this step (the trainer's streak): with this step's,
+        # optim.max_nonfinite_updates of them end the step's updates (see update).
+        self.nonfinite_carried = 0
         self.params = [p for p in fwd.model.parameters() if p.requires_grad]
         self.agg = get_aggregation(cfg.algo.loss_agg)
         self._packed: bool | None = None  # the packed layout, once the model passed the probe
@@ -184,10 +189,12 @@ class Updater:
         """
         t0 = time.perf_counter()
         first = self.first_minibatch(seqs, n_groups, shuffle) if self.reuses_first_forward else []
-        ent_sum, ent_n = self._old_pass(seqs, skip=set(first))
+        with self.memory.phase("logprob"):
+            ent_sum, ent_n = self._old_pass(seqs, skip=set(first))
         mismatch = None if first else self.correct(seqs)
         t1 = time.perf_counter()
-        stats = self.update(seqs, n_groups, shuffle, fill_old=first)
+        with self.memory.phase("update"):
+            stats = self.update(seqs, n_groups, shuffle, fill_old=first)
         t2 = time.perf_counter()
         if first:  # mode `none`: the mismatch sums only, now that every row has old log-probs
             mismatch = self.correct(seqs)
@@ -293,7 +300,10 @@ class Updater:
         kl_losses: list[float] = []
         norms: list[float] = []
         index_of = {id(s): i for i, s in enumerate(seqs)}
+        halted = False
         for epoch in range(a.ppo_epochs):
+            if halted:
+                break
             perm = torch.randperm(n_groups, generator=shuffle).tolist()
             for m in range(0, n_groups, b.mini_batch_size):
                 mini = [s for gi in perm[m : m + b.mini_batch_size] for s in by_group[gi]]
@@ -340,6 +350,12 @@ class Updater:
                     self.optimizer.zero_grad(set_to_none=True)
                     stats.nonfinite += 1
                     stats.trailing_nonfinite += 1
+                    carried = 0 if stats.updates else self.nonfinite_carried
+                    if stats.trailing_nonfinite + carried >= self.cfg.optim.max_nonfinite_updates:
+                        # The run stops after this step: its other updates are not tried,
+                        # so it stops after exactly the limit's count of skipped updates.
+                        halted = True
+                        break
                     continue
                 self.optimizer.step()
                 self.scheduler.step()
@@ -406,7 +422,7 @@ class Updater:
             keep = scatter_rows([s.token_mask.float() for s in rows], packed)  # type: ignore[union-attr]
             loss_mask = mask * keep
         loss_mask = mask if loss_mask is None else loss_mask
-        loss, st = policy_loss(
+        loss, _, lc = policy_loss(
             lp,
             old,
             adv,
@@ -447,11 +463,11 @@ class Updater:
         (loss * self.dist.world_size).backward()
         counts.add(
             Counts(
-                tokens=st["_n_tokens"],
-                clip_high=st["_n_clip_high"],
-                clip_low=st["_n_clip_low"],
-                clip_dual=st["_n_clip_dual"],
-                sum_kl=st["_sum_kl"],
+                tokens=lc.tokens,
+                clip_high=lc.clip_high,
+                clip_low=lc.clip_low,
+                clip_dual=lc.clip_dual,
+                sum_kl=lc.sum_kl,
                 # Read only where this pass stands in for the old-log-prob pass (see run).
                 entropy_sum=float((ent.detach() * loss_mask).sum()) if fill else 0.0,
                 seq_tokens=float(packed.tokens),

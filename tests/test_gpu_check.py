@@ -1,0 +1,118 @@
+"""bench/gpu_check.py (`make gpu-check`): its dry run on this CPU, with the packages a bare GPU
+machine lacks made unimportable, writes every section; without CUDA it says so in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from test_bf16_head import gpu_check
+
+from dapo_core import metric_names as M
+from dapo_core.setup.plan import GIB, plan_memory
+from dapo_core.setup.presets import preset_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ABSENT = ("ray", "prefect", "sqlalchemy", "streamlit", "vllm", "pandas", "alembic", "altair")
+"""What the GPU machine does not have. None in sys.modules is how Python spells "not installed"
+to both `import` (ModuleNotFoundError) and importlib.util.find_spec (None), which transformers
+and torch probe with."""
+
+RUN = """
+import runpy, sys
+for name in {absent!r}:
+    sys.modules[name] = None
+try:
+    import ray  # noqa: F401
+except ModuleNotFoundError:
+    pass
+else:
+    sys.exit("the blocker did not block ray")
+sys.argv = ["gpu_check.py", *{argv!r}]
+runpy.run_path("bench/gpu_check.py", run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def module() -> ModuleType:
+    return gpu_check()
+
+
+@pytest.mark.slow
+def test_the_dry_run_writes_every_section_without_the_missing_packages(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = RUN.format(absent=ABSENT, argv=["--dry-run", "--out", str(out)])
+    env = dict(os.environ, OMP_NUM_THREADS="2", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert set(report) == {"meta", "models", "bf16_head", "problems"}
+    assert report["meta"]["dry_run"] is True and report["problems"] == []
+    assert set(report["models"]) == {"qwen2.5-0.5b", "qwen2.5-1.5b"}
+    for name, m in report["models"].items():
+        assert set(m) == {
+            "arch", "config", "plan", "tokenizer", "memory", "throughput", "checkpoint", "runs"
+        }, name  # fmt: skip
+        # The plan counts the parameters torch built from the saved config.json.
+        assert m["arch"]["params"] == m["arch"]["plan_params"]
+        # Every phase's metric travelled trainer/runner → sink → report, with a plan figure.
+        assert set(m["memory"]) == set(M.MEMORY_PHASES)
+        for phase, row in m["memory"].items():
+            assert row["seen"], phase
+            assert row["plan_gib"] > 0 and row["measured_gib"] is None  # no CUDA counter here
+        assert m["throughput"]["rollout_tokens_per_s"] > 0
+        assert m["throughput"]["update_tokens_per_s"] > 0
+        # Run 1 stopped at step 1 with a checkpoint; run 2, same process, resumed at step 2.
+        assert m["checkpoint"]["saved"] and m["checkpoint"]["resumed"]
+        assert m["checkpoint"]["resumed_steps"] == [2]
+        assert m["runs"]["second_started"] and m["runs"]["released"]
+    heads = report["bf16_head"]
+    assert {h["targets"] for h in heads} == {"uniform", "sampled"}
+    assert all(h["within_cpu_bound"] for h in heads)
+    md = (out / "gpu_check.md").read_text()
+    assert "DRY RUN" in md and "| qwen2.5-1.5b | update | metric arrived |" in md
+    assert "Problems: none" in md
+
+
+def test_without_cuda_it_says_so_and_points_to_the_dry_run(
+    module: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
+    assert module.main(["--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no CUDA GPU" in err and "--dry-run" in err and "DRY=1" in err
+    assert "\n" not in err
+
+
+def test_plan_phases_compare_tensors_only(module: ModuleType) -> None:
+    # One worker, hf engine, on an 80 GB GPU: the context and the fragmentation allowance are not
+    # tensors max_memory_allocated sees, so no phase counts them.
+    cfg = preset_config("qwen2.5-0.5b").with_overrides({"rollout.engine": "hf"})
+    plan = plan_memory(cfg, 1, 79.0)
+    phases = module.plan_phases(plan)
+    resident = plan.item("masters").nbytes + plan.item("adam").nbytes
+    update = sum(plan.item(k).nbytes for k in ("weights", "grads", "activations", "head"))
+    update += plan.item("backward").nbytes
+    assert phases["update"]["plan_gib"] == pytest.approx((resident + update) / GIB)
+    assert phases["rollout"]["plan_gib"] == pytest.approx(
+        (resident + plan.item("kv_hf").nbytes) / GIB
+    )
+    assert phases["load"]["plan_gib"] == pytest.approx(plan.item("masters").nbytes / GIB)
+    for row in phases.values():
+        assert not {"context", "fragmentation", "colocation"} & set(row["plan_items"])
+
+
+def test_the_dry_run_shrinks_the_shape_but_keeps_the_family(module: ModuleType) -> None:
+    real = module.check_architecture("qwen2.5-1.5b", dry_run=False)
+    dry = module.check_architecture("qwen2.5-1.5b", dry_run=True)
+    assert (real.layers, real.hidden, real.vocab) == (28, 1536, 151936)
+    assert dry.qkv_bias and dry.tie_embeddings == real.tie_embeddings
+    assert dry.kv_heads < dry.heads  # grouped-query attention, like Qwen2.5
+    assert dry.params < 1e6
