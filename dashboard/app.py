@@ -1,4 +1,5 @@
-"""The DAPO Lab dashboard: `dapo dashboard`, or `streamlit run dashboard/app.py -- --url URL`.
+"""The DAPO Lab dashboard: `dapo dashboard`, or `DAPO_DB_URL=URL streamlit run dashboard/app.py`
+(`-- --url URL` works too, but puts the URL, password and all, where `ps` shows it).
 
 Pages live in dashboard/views/; this entry point only sets up navigation and turns the errors a
 user can act on (bad store URL, unreachable database) into one line instead of a traceback.

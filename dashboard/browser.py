@@ -112,14 +112,14 @@ def served(
     """The dashboard on `store_url` served by a real `streamlit run` on a free loopback port:
     yields its base URL once Streamlit answers, and stops the server when the block ends.
     RuntimeError (from wait_until_healthy) if it never answers."""
-    from dashboard.cli import streamlit_command
+    from dashboard.cli import streamlit_command, streamlit_env
 
     port = free_port()
     out = subprocess.DEVNULL if log is None else log
     server = subprocess.Popen(
-        streamlit_command(store_url, port=port, host="127.0.0.1"),
+        streamlit_command(port=port, host="127.0.0.1"),
         cwd=cwd,
-        env={**os.environ, **(env or {}), "DAPO_DB_URL": store_url},
+        env=streamlit_env(store_url, {**os.environ, **(env or {})}),
         stdout=out,
         stderr=out,
     )

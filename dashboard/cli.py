@@ -10,6 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_dashboard)
 
 
-def streamlit_command(url: str, *, port: int, host: str) -> list[str]:
-    """The `streamlit run` command line; the store URL goes after `--` to the app itself."""
+def streamlit_command(*, port: int, host: str) -> list[str]:
+    """The `streamlit run` command line. It names no store: the URL, password and all, goes
+    to the app in $DAPO_DB_URL (see streamlit_env), since any user can read a command line
+    (`ps`), and only its owner the environment."""
     return [
         sys.executable,
         "-m",
@@ -49,10 +52,12 @@ def streamlit_command(url: str, *, port: int, host: str) -> list[str]:
         "false",
         "--client.toolbarMode",
         "viewer",
-        "--",
-        "--url",
-        url,
     ]
+
+
+def streamlit_env(url: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The app's environment: this one, with the store in $DAPO_DB_URL."""
+    return {**(os.environ if environ is None else environ), "DAPO_DB_URL": url}
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
@@ -65,8 +70,9 @@ def run_dashboard(args: argparse.Namespace) -> int:
     db_engine.get_engine(url)  # ValueError / ConnectionError with one clear line if unusable
     print(f"DAPO Lab dashboard: http://{args.host}:{args.port}  (store: {db_engine.safe_url(url)})")
     print("Press Ctrl+C to stop.", flush=True)
-    env = dict(os.environ, DAPO_DB_URL=url)
     try:
-        return subprocess.call(streamlit_command(url, port=args.port, host=args.host), env=env)
+        return subprocess.call(
+            streamlit_command(port=args.port, host=args.host), env=streamlit_env(url)
+        )
     except KeyboardInterrupt:
         return 0

@@ -26,6 +26,7 @@ STATUS_BADGES = {
     "running": "● running",
     "pending": "○ pending",
     "failed": "✖ failed",
+    "interrupted": "◌ interrupted",
 }
 
 # Displayed column -> the ablation_table column holding its stats.Estimate (for the colour).

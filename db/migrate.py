@@ -94,9 +94,34 @@ def schema_state(conn: sa.Connection) -> SchemaState:
     present = set(inspector.get_table_names()) | set(inspector.get_view_names())
     present.discard("alembic_version")
     ours = frozenset(present & set(TABLES))
-    others = tuple(sorted(present - ours))
-    fresh = current is None and not present
+    beside = _other_schemas_tables(conn)
+    others = tuple(sorted(present - ours)) + beside
+    fresh = current is None and not present and not beside
     return SchemaState(current=current, head=head_revision(), fresh=fresh, ours=ours, others=others)
+
+
+def _other_schemas_tables(conn: sa.Connection) -> tuple[str, ...]:
+    """PostgreSQL, a store in `public`: the tables and views (as schema.name) of the database's
+    other schemas.
+
+    Tables in the search path are seen as the store's own names are; but a database whose
+    application keeps its tables in a schema of its own (`app.orders`, search path `public`)
+    would look empty, and the store would settle in `public` beside them. A store in `public`
+    claims the database, so those count as another application's. A store in a schema of its
+    own (`?options=-csearch_path%3Dmine`) claims only its search path: several stores, and
+    other applications, can then share one database."""
+    if conn.dialect.name != "postgresql":
+        return ()
+    if conn.execute(sa.text("SELECT current_schema()")).scalar() != "public":
+        return ()
+    rows = conn.execute(
+        sa.text(
+            "SELECT table_schema, table_name FROM information_schema.tables "
+            "WHERE table_schema NOT IN ('public', 'information_schema') "
+            "AND table_schema NOT LIKE 'pg\\_%' ORDER BY 1, 2"
+        )
+    ).all()
+    return tuple(f"{schema}.{name}" for schema, name in rows)
 
 
 def _named(names: tuple[str, ...], most: int = 5) -> str:

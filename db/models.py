@@ -32,7 +32,15 @@ SUPERSEDED = "cancelled"
 TERMINAL_STATUSES = ("completed", "failed", "cancelled")
 # Several attempts' statuses as one (an arm over its seeds, a sweep over its arms × seeds): the
 # first of these present wins, so "completed" only when every one is (never attempted: pending).
-STATUS_PRIORITY = ("running", "failed", "cancelled", "pending", "completed")
+STATUS_PRIORITY = ("running", "failed", "interrupted", "cancelled", "pending", "completed")
+# What the read side shows for a run (and a sweep) stored as "running" whose row nobody has
+# touched for RUN_LEASE_S: its driver died without a word (SIGKILL, a lost machine). It is
+# never stored, so a driver that comes back (its heartbeat writes again) reads "running".
+INTERRUPTED = "interrupted"
+# A training driver touches its run row every flows.arm.WALL_EVERY_S (10 s, its wall time, on
+# a clock of its own, not per step); ten minutes without it outlast any store outage the
+# sinks wait out (OUTAGE_S) and any clock skew between machines worth having.
+RUN_LEASE_S = 600.0
 
 
 def fold_status(statuses: Sequence[str | None]) -> str:

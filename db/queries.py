@@ -6,7 +6,9 @@ fractions in [0, 1] as the evaluator wrote them (the dashboard shows percent).
 Which attempt counts: an (arm, seed) may have several attempts (reruns). Scores come from its
 latest *completed* attempt (or, when none completed, its latest attempt, which then has no
 score); the status shown is that of its latest attempt, so a rerun in flight reads "running"
-while the table still shows the scores it will replace.
+while the table still shows the scores it will replace. A run stored as "running" whose row has
+not been touched for db.models.RUN_LEASE_S (its driver died without a word) reads "interrupted",
+and so does its sweep once none of its rows has been touched for that long.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -25,12 +28,15 @@ from db.errors import NotFound
 from db.models import (
     EVALUATION_FIELDS,
     EVALUATIONS,
+    INTERRUPTED,
     METRICS,
+    RUN_LEASE_S,
     RUNS,
     SAMPLE_FIELDS,
     SAMPLES,
     SWEEPS,
     fold_status,
+    utcnow,
 )
 
 EvalKey = tuple[int, int]  # (run_id, step) of one evaluation
@@ -154,6 +160,28 @@ def _sweep_row(conn: sa.Connection, engine: sa.Engine, sweep_id: int) -> Any:
     return row
 
 
+def _lease_cutoff() -> datetime:
+    """A row last touched before this belongs to a driver that is gone (RUN_LEASE_S)."""
+    return utcnow() - timedelta(seconds=RUN_LEASE_S)
+
+
+def _shown_status() -> sa.ColumnElement[str]:
+    """runs.status as the reader should see it: "running" past its lease reads INTERRUPTED."""
+    r = _runs.c
+    stale = sa.and_(r.status == "running", r.updated_at < _lease_cutoff())
+    return sa.case((stale, sa.literal(INTERRUPTED)), else_=r.status).label("status")
+
+
+def _shown_sweep_status(sweep: Any, runs: pd.DataFrame) -> str:
+    """A sweep stored as "running" whose row and runs nobody has touched for the lease (its
+    driver was SIGKILLed and never resumed) reads INTERRUPTED, like its runs."""
+    if sweep.status != "running":
+        return str(sweep.status)
+    touched = [sweep.updated_at, *(t for t in runs["updated_at"] if pd.notna(t))]
+    newest = max(pd.Timestamp(t) for t in touched)
+    return INTERRUPTED if newest < pd.Timestamp(_lease_cutoff()) else "running"
+
+
 def _run_select() -> sa.Select[Any]:
     r = _runs.c
     return sa.select(
@@ -162,7 +190,7 @@ def _run_select() -> sa.Select[Any]:
         r.arm,
         r.seed,
         r.attempt,
-        r.status,
+        _shown_status(),
         r.steps,
         r.grad_updates,
         r.tokens,
@@ -192,8 +220,12 @@ def sweep_details(engine: sa.Engine, sweep_id: int) -> dict[str, Any]:
     """One sweep as a dict (id/sweep_id, name, preset, status, arms, seeds, ladder, ...)."""
     with engine.connect() as conn:
         row = _sweep_row(conn, engine, sweep_id)
+        touched = conn.execute(
+            sa.select(_runs.c.updated_at).where(_runs.c.sweep_id == int(sweep_id))
+        ).all()
     out = {column.name: getattr(row, column.name) for column in _sweeps.columns}
     out["sweep_id"] = out["id"]
+    out["status"] = _shown_sweep_status(row, _frame(touched, ["updated_at"]))
     return out
 
 
@@ -227,7 +259,7 @@ def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
                 sweep.id,
                 sweep.name,
                 sweep.preset,
-                sweep.status,
+                _shown_sweep_status(sweep, mine),
                 sweep.created_at,
                 sweep.finished_at,
                 list(sweep.arms),
@@ -635,11 +667,13 @@ def runs_of_sweep(engine: sa.Engine, sweep_id: int) -> pd.DataFrame:
 def run_details(engine: sa.Engine, run_id: int) -> dict[str, Any]:
     """One run as a dict: the RUN_COLUMNS fields plus its config (a dict)."""
     with engine.connect() as conn:
-        row = conn.execute(sa.select(_runs).where(_runs.c.id == int(run_id))).first()
+        query = sa.select(_runs, _shown_status().label("shown_status"))
+        row = conn.execute(query.where(_runs.c.id == int(run_id))).first()
     if row is None:
         raise NotFound(f"no run with id {run_id} in {_where(engine)}")
     out = {column.name: getattr(row, column.name) for column in _runs.columns}
     out["run_id"] = out["id"]
+    out["status"] = row.shown_status
     return out
 
 
@@ -671,7 +705,12 @@ def arm_attempts(engine: sa.Engine, sweep_id: int, arm: str) -> pd.DataFrame:
     """The history of attempts of one arm of a sweep, by seed then attempt (ATTEMPT_COLUMNS)."""
     r = _runs.c
     query = (
-        sa.select(*(r.id if c == "run_id" else r[c] for c in ATTEMPT_COLUMNS))
+        sa.select(
+            *(
+                r.id if c == "run_id" else _shown_status() if c == "status" else r[c]
+                for c in ATTEMPT_COLUMNS
+            )
+        )
         .where(r.sweep_id == int(sweep_id), r.arm == str(arm))
         .order_by(r.seed, r.attempt)
     )

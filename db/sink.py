@@ -4,7 +4,8 @@ It matches dapo_core.train.protocols.MetricsSink structurally (db/ never imports
 log_metrics, log_samples, log_evaluation, close. Each call is one transaction, so a step is
 either wholly in the store or not at all, and every write is an upsert on the row's meaning
 ((run, step, name) for metrics, (run, dataset, k, step) for evaluations; a step's samples are
-replaced), so a step replayed after a resume overwrites its earlier values and never
+replaced: upserted on (run, step, idx), any rows beyond them dropped), so a step replayed
+after a resume, or written by two writers at once, overwrites its earlier values and never
 duplicates them.
 
 Store outages. The guarantee: a store that is unreachable for up to OUTAGE_S seconds (5
@@ -209,6 +210,11 @@ class SqlSink:
             set_={c: stmt.excluded[c] for c in (*EVALUATION_FIELDS[2:], "extra", "created_at")},
         )
         self._samples = SAMPLES
+        stmt = upsert(engine, SAMPLES)
+        self._samples_upsert = stmt.on_conflict_do_update(
+            index_elements=[SAMPLES.c.run_id, SAMPLES.c.step, SAMPLES.c.idx],
+            set_={c: stmt.excluded[c] for c in (*SAMPLE_FIELDS, "extra")},
+        )
         self.closed = False
         self._conn: sa.Connection | None = None
         # The queue of writes an outage holds back: the spill file (older) before memory.
@@ -414,11 +420,19 @@ class SqlSink:
             rows, table = write["rows"], self._samples
 
             def work(conn: sa.Connection) -> None:
-                conn.execute(
-                    sa.delete(table).where(table.c.run_id == self.run_id, table.c.step == at)
-                )
+                # Upsert, then drop what an earlier write of the step had beyond these rows:
+                # DELETE then INSERT let two writers of one step (a retried actor beside its
+                # predecessor) both find the step empty, and the second INSERT then hit the
+                # key (UniqueViolation on PostgreSQL); an upsert waits on the row lock instead.
                 if rows:
-                    conn.execute(sa.insert(table), rows)
+                    # One multi-row statement: a driver executemany pipelines one statement per
+                    # row, and stalls ~0.1 s a step on a proxied connection.
+                    conn.execute(self._samples_upsert.values(rows))
+                conn.execute(
+                    sa.delete(table).where(
+                        table.c.run_id == self.run_id, table.c.step == at, table.c.idx >= len(rows)
+                    )
+                )
 
             self._write(work)
         elif kind == "evaluation":

@@ -348,7 +348,8 @@ class Store:
     def update_run(self, run_id: int, *, outage_s: float | None = None, **fields: Any) -> None:
         """Set some of: status, error, steps, grad_updates, tokens, wall_s, tries,
         checkpoint_dir, flow_run_id, host. A terminal status (completed, failed, cancelled)
-        stamps finished_at; "running" clears it. `outage_s`: this call's outage budget."""
+        stamps finished_at; "running" clears it; "completed" clears the error unless one is
+        given. `outage_s`: this call's outage budget."""
         unknown = sorted(set(fields) - set(RUN_FIELDS))
         if unknown:
             raise ValueError(
@@ -369,6 +370,10 @@ class Store:
                     f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}"
                 )
             values["finished_at"] = utcnow() if status in TERMINAL_STATUSES else None
+            if status == "completed" and "error" not in fields:
+                # A try lost on the way (ActorLost, then a retry that finished) left its line
+                # in `error`; a completed run shows none.
+                values["error"] = None
         values["updated_at"] = utcnow()
         self._update(RUNS, run_id, values, "run", outage_s=outage_s)
 

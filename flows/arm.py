@@ -14,16 +14,20 @@ node (id and address) and rank, e.g. `gpu-7 (node 1a2b3c4d@10.0.0.5: rank 0; nod
 5e6f7a8b@10.0.0.6: rank 1)` (cluster.describe): on one machine every node has the same host
 name, so the node is what tells them apart. `checkpoint_dir` is the run directory, absolute.
 A try lost with its actor (a node died) leaves its one line in the run's `error` while the
-task retries; the final outcome overwrites it only when the arm fails.
+task retries; the final outcome replaces it (a completed run keeps no error).
 
 Wall time: an attempt's `wall_s` is the sum over its tries (each actor that trained it, and the
-tries of the attempt it resumed), `tries` counts them. When an arm finishes, its sweep's status
+tries of the attempt it resumed), `tries` counts them. It is written every WALL_EVERY_S on a
+clock of its own, and is the run row's heartbeat: a run nobody has touched for
+db.models.RUN_LEASE_S reads "interrupted". When an arm finishes, its sweep's status
 is recomputed from its runs, so a sweep whose driver died does not stay "running".
 """
 
 from __future__ import annotations
 
+import contextvars
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,12 +45,15 @@ from flows.publish import publish_sweep
 FLOW_NAME = "ablation-arm"
 DEPLOYMENT_NAME = "dapo-arm"
 TRAIN_RETRIES = 2
-# The attempt's wall time is written this often while it trains, so a driver that dies loses
-# at most this much of it.
+# The attempt's wall time is written this often while it trains (whatever the steps do), so a
+# driver that dies loses at most this much of it; it is also the run's heartbeat.
 WALL_EVERY_S = 10.0
 # Bookkeeping after a failure waits this long for an unreachable store (the failure itself
 # is already the answer; the outage budget was spent by whatever failed first).
 BOOKKEEPING_OUTAGE_S = 5.0
+# The wall time of a try that the store did not take (it was down when the try ended), by run:
+# the task's retry, in this process, starts from it (else the first try's time was lost).
+_UNWRITTEN_WALL: dict[int, float] = {}
 
 
 def _actor_died(task: Any, task_run: Any, state: Any) -> bool:
@@ -81,23 +88,40 @@ def train_in_ray(
     if step is not None:
         progress.say(f"{label}  resuming from the checkpoint at step {step} in {out_dir}")
     store = Store(store_url)
-    before = store.begin_try(run_id)
-    t0 = last_written = time.monotonic()
+    # An earlier try in this process whose last writes met a store outage knows more of the
+    # attempt's time than the store does.
+    before = max(store.begin_try(run_id), _UNWRITTEN_WALL.pop(run_id, 0.0))
+    t0 = time.monotonic()
 
     def write_wall(*, outage_s: float) -> float:
         wall = before + time.monotonic() - t0
         try:
             store.set_wall(run_id, wall, outage_s=outage_s)
+            _UNWRITTEN_WALL.pop(run_id, None)
         except Exception as exc:  # the time is bookkeeping: never fail training for it
+            _UNWRITTEN_WALL[run_id] = wall
             progress.say(f"{label}  could not record the wall time: {plan.first_line(exc)}")
         return wall
 
     def on_progress(update: dict[str, Any]) -> None:
-        nonlocal last_written
         progress.say(progress.step_line(label, update))
-        if time.monotonic() - last_written >= WALL_EVERY_S:
-            last_written = time.monotonic()
+
+    # The wall time doubles as the run's heartbeat (db.models.RUN_LEASE_S): written on a clock
+    # of its own, so that a long step, evaluation or placement never reads as a dead driver.
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(WALL_EVERY_S):
             write_wall(outage_s=0.0)
+
+    # In a copy of this task's context, so that what it says goes to the task's Prefect log.
+    beat = threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(heartbeat,),
+        name=f"heartbeat-run{run_id}",
+        daemon=True,
+    )
+    beat.start()
 
     def on_placed(places: list[dict[str, Any]]) -> None:
         where = cluster.describe(places)
@@ -123,6 +147,8 @@ def train_in_ray(
         _bookkeeping(lambda: store.update_run(run_id, error=line, outage_s=0.0))
         raise
     finally:
+        stop.set()
+        beat.join(timeout=WALL_EVERY_S)  # a write stuck on a hung store must not hold us
         write_wall(outage_s=BOOKKEEPING_OUTAGE_S)
     return result
 

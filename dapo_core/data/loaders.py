@@ -4,6 +4,8 @@
 
     synthetic       the embedded training task (dapo_core.data.synthetic), 4,096 problems
     synthetic-eval  its held-out set, 256 distinct problems disjoint from training
+    arithmetic      easy addition in words for the real model (dapo_core.data.arithmetic), 2,048
+    arithmetic-eval its held-out set, 96 distinct problems disjoint from training
     dapo-math-17k   DAPO-Math-17k (shipped), de-duplicated with a report
     aime2024        AIME 2024, 30 problems (shipped)
     aime2025        AIME 2025, 30 problems (shipped)
@@ -17,7 +19,8 @@ chat messages holding the templated problem, `reward_model.ground_truth`, option
 `extra_info.raw_problem`). A malformed row is an error that names the file and the row (rows
 count from 1, like the lines of a JSONL file), and so is a row over the size limits below: a
 problem is text a model reads and an answer a grader compares, so neither is ever megabytes, and
-a JSONL line is read with a bound, so a corrupt file cannot exhaust memory. Every file-backed set is de-duplicated the same
+a JSONL line is read with a bound, and a parquet file is sized from its footer and read in
+batches, so a corrupt or crafted file cannot exhaust memory. Every file-backed set is de-duplicated the same
 way, and what was dropped is logged in words (see `deduplicate`).
 """
 
@@ -34,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo_core.data import synthetic
+from dapo_core.data import arithmetic, synthetic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,8 +59,17 @@ MAX_PROMPT_CHARS = 32_768
 MAX_ANSWER_CHARS = 1_024
 # A JSONL line holds the problem twice at most (verl's layout) plus metadata and escapes.
 MAX_ROW_BYTES = 4 * 1024 * 1024
+# A parquet file, from its footer before anything is decoded, then as it is read batch by
+# batch: verl's DAPO-Math-17k (1.79 M rows, each problem 100 times) fits both. The footer's
+# size is of the encoded data, so a dictionary-encoded column can decode to far more; what is
+# decoded is counted too, and past the limit the file is refused after one batch more.
+MAX_PARQUET_ROWS = 4_000_000
+MAX_PARQUET_BYTES = 2 * 1024**3
+PARQUET_BATCH_ROWS = 1_024
 
-TEMPLATES: tuple[str, ...] = ("dapo", "chat", "raw")
+TEMPLATES: tuple[str, ...] = ("dapo", "chat", "raw", "chat-answer")
+ANSWER_PREFIX = "Answer: "
+"""`chat-answer` begins the assistant's reply with this in the prompt (dapo_core.data.arithmetic)."""
 SUFFIXES: tuple[str, ...] = (".jsonl", ".jsonl.gz", ".parquet")
 DATA_DIR_ENV = "DAPO_DATA_DIR"
 
@@ -93,7 +105,8 @@ NAMED: dict[str, _Named] = {
     "math500": _Named("math500.jsonl", True, "MATH-500"),
 }
 SYNTHETIC, SYNTHETIC_EVAL = "synthetic", "synthetic-eval"
-KNOWN: tuple[str, ...] = (SYNTHETIC, SYNTHETIC_EVAL, *NAMED)
+ARITHMETIC, ARITHMETIC_EVAL = "arithmetic", "arithmetic-eval"
+KNOWN: tuple[str, ...] = (SYNTHETIC, SYNTHETIC_EVAL, ARITHMETIC, ARITHMETIC_EVAL, *NAMED)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -118,6 +131,14 @@ def load_problems_with_report(
         tasks = synthetic.eval_tasks()
         return [
             Problem(t.text, str(t.answer), SYNTHETIC_EVAL, i) for i, t in enumerate(tasks)
+        ], None
+    if key == ARITHMETIC:
+        adds = arithmetic.train_tasks(arithmetic.TRAIN_SIZE, seed)
+        return [Problem(t.text, str(t.answer), ARITHMETIC, i) for i, t in enumerate(adds)], None
+    if key == ARITHMETIC_EVAL:
+        adds = arithmetic.eval_tasks()
+        return [
+            Problem(t.text, str(t.answer), ARITHMETIC_EVAL, i) for i, t in enumerate(adds)
         ], None
     if key in NAMED:
         path, label, source = _named_path(key), NAMED[key].file, key
@@ -194,6 +215,8 @@ def _rows(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{label} row {n}: not valid JSON ({exc.msg})") from None
+                except RecursionError:  # [[[[... : the parser recurses once per level
+                    raise ValueError(f"{label} row {n}: JSON nested too deeply") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"{label} row {n}: expected a JSON object")
                 yield n, row
@@ -202,13 +225,46 @@ def _rows(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _parquet_rows(path: Path, label: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a parquet file, its size checked from the footer before any data is decoded
+    (a few kB of zstd can decode to gigabytes), then read batch by batch."""
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        handle = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not parquet
         raise ValueError(f"{label}: not a readable parquet file ({exc})") from None
-    yield from enumerate(table.to_pylist(), start=1)
+    with handle:
+        meta = handle.metadata
+        if meta.num_rows > MAX_PARQUET_ROWS:
+            raise ValueError(
+                f"{label}: {meta.num_rows:,} rows, more than the {MAX_PARQUET_ROWS:,} a data "
+                "file may hold"
+            )
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if size > MAX_PARQUET_BYTES:
+            raise ValueError(
+                f"{label}: decodes to {size:,} bytes, more than the {MAX_PARQUET_BYTES:,} a data "
+                "file may hold"
+            )
+        n, decoded = 0, 0
+        batches = handle.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        while True:
+            try:
+                batch = next(batches, None)
+            except Exception as exc:  # corrupt pages, a footer that does not match the data
+                raise ValueError(f"{label}: not a readable parquet file ({exc})") from None
+            if batch is None:
+                return
+            # The footer's sizes are the file's word: count what is really decoded too.
+            decoded += batch.nbytes
+            if decoded > MAX_PARQUET_BYTES:
+                raise ValueError(
+                    f"{label}: decodes to more than {MAX_PARQUET_BYTES:,} bytes (its footer "
+                    f"said {size:,})"
+                )
+            for row in batch.to_pylist():
+                n += 1
+                yield n, row
 
 
 def _problem(row: dict[str, Any], n: int, label: str, source: str) -> Problem:
@@ -402,7 +458,10 @@ def format_prompt(problem: Problem, template: str, tokenizer: PreTrainedTokenize
 
     `dapo`: DAPO's instruction template; `chat`: the tokenizer's chat template (one user turn
     holding the DAPO template, with the generation prompt) when it has one, else `dapo`;
-    `raw`: the problem text as is (the tiny preset, whose model never saw an instruction).
+    `raw`: the problem text as is (the tiny preset, whose model never saw an instruction);
+    `chat-answer`: the tokenizer's chat template around the bare problem, with the assistant's
+    reply begun as `Answer: ` (ANSWER_PREFIX; a small instruct model rarely writes the answer
+    line when asked in words, see dapo_core.data.arithmetic). It needs a chat template.
     """
     if template == "raw":
         return problem.prompt
@@ -416,4 +475,31 @@ def format_prompt(problem: Problem, template: str, tokenizer: PreTrainedTokenize
             )
             return str(rendered)
         return text
+    if template == "chat-answer":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "data.prompt_template=chat-answer needs a tokenizer with a chat template"
+            )
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": problem.prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return str(rendered) + ANSWER_PREFIX
     raise ValueError(f"prompt template {template!r}: use one of {', '.join(TEMPLATES)}")
+
+
+def response_prefix(template: str) -> str:
+    """What the prompt of `template` has already written of the response.
+
+    The grader must read what a reader of the assistant's turn reads: with `chat-answer` the
+    response is `42`, and the `Answer: 42` line the reference grader looks for (its last
+    `Answer:` line) is this prefix + the response. Grading the response alone would mark every
+    reply wrong; asking the model to repeat `Answer:` would change the task.
+    """
+    return ANSWER_PREFIX if template == "chat-answer" else ""
+
+
+def graded_text(template: str, response: str) -> str:
+    """The text the grader is given for a response sampled after a `template` prompt."""
+    return response_prefix(template) + response

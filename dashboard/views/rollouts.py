@@ -42,7 +42,7 @@ for _, sample in shown.iterrows():
         st.text(sample["prompt"])
         st.markdown("**Response**")
         st.text(sample["response"])
-        st.markdown(
-            f"ground truth `{sample['ground_truth']}` · predicted `{sample['pred']}` · "
-            f"{rollouts.reward_text(sample)}"
-        )
+        # Model output and data as text: a backtick in them would end Markdown's code span
+        # and let the rest render (links, images fetched from anywhere).
+        st.text(f"ground truth: {sample['ground_truth']}\npredicted: {sample['pred']}")
+        st.caption(rollouts.reward_text(sample))
