@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_core.data import synthetic
+from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
 from dapo_core.setup.config import ModelConfig, is_local_path
 
 if TYPE_CHECKING:
@@ -48,10 +49,6 @@ BUILD_LOG = "builds.jsonl"
 """One line per tiny-model build in the cache root (key, seconds, final loss)."""
 INFO_FILE = "warm_start.json"
 
-PAD, EOS, UNK, ANSWER = "<pad>", "<eos>", "<unk>", "Answer:"
-# Newline and printable ASCII: any prompt can be encoded (other characters become <unk>).
-_CHARS = ["\n", *(chr(i) for i in range(32, 127))]
-
 
 # --- public entry point ---------------------------------------------------------------------
 def load_policy(
@@ -59,9 +56,13 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy model and its tokenizer on `device` (`cpu`, `cuda`, ...), its parameters in
     `dtype` (default model.dtype; training asks for float32 masters)."""
+    from dapo_core import real_model
+
     name = model_cfg.name_or_path
     if name == TINY:
         path = tiny_model_dir(model_cfg)
+    elif name == real_model.NAME:  # converted once per machine by `make real-model`
+        path = real_model.model_dir()
     else:
         path = Path(name).expanduser()
         if is_local_path(name) and not path.exists():
@@ -208,13 +209,6 @@ def tiny_model_dir(model_cfg: ModelConfig) -> Path:
         with (root / BUILD_LOG).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(info, sort_keys=True) + "\n")
     return final
-
-
-def tiny_vocab() -> dict[str, int]:
-    vocab = {PAD: 0, EOS: 1, UNK: 2, ANSWER: 3}
-    for c in _CHARS:
-        vocab.setdefault(c, len(vocab))
-    return vocab
 
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_core.algo.rewards import math_score
-from dapo_core.data import synthetic
+from dapo_core.data import arithmetic, synthetic
 from dapo_core.data.loaders import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
@@ -42,6 +42,8 @@ VERL = SHARED / "verl_format"
 EXPECTED_ROWS = {
     "synthetic": synthetic.TRAIN_SIZE,
     "synthetic-eval": synthetic.EVAL_SIZE,
+    "arithmetic": arithmetic.TRAIN_SIZE,
+    "arithmetic-eval": arithmetic.EVAL_SIZE,
     "dapo-math-17k": 17_276,
     "aime2024": 30,
     "aime2025": 30,

@@ -170,6 +170,20 @@ for _key, _sizes in _QWEN25.items():
     for _suffix in ("", "-instruct"):
         _name = f"qwen/{_key}{_suffix}"
         KNOWN[_name] = _qwen2(_name, **_sizes)
+# SmolLM2-135M-Instruct as dapo_core.real_model converts it (`model.name_or_path = smollm2-135m`):
+# its config.json after conversion; 134,515,008 parameters, as the conversion counts them.
+KNOWN["smollm2-135m"] = Architecture(
+    name="smollm2-135m",
+    layers=30,
+    hidden=576,
+    intermediate=1536,
+    heads=9,
+    kv_heads=3,
+    vocab=49152,
+    tie_embeddings=True,
+    head_dim=64,
+    source="table of known architectures",
+)
 
 
 def resolve_architecture(model: ModelConfig) -> Architecture:
@@ -193,17 +207,28 @@ def resolve_architecture(model: ModelConfig) -> Architecture:
         return dataclasses.replace(known, name=name)
     raise ValueError(
         f"model {name!r}: its architecture is unknown offline (no local directory, not in the "
-        f"Hugging Face cache, not in the table of {', '.join(sorted({k.split('/')[1].removesuffix('-instruct') for k in KNOWN}))}); "
+        f"Hugging Face cache, not in the table of {', '.join(sorted({k.split('/')[-1].removesuffix('-instruct') for k in KNOWN}))}); "
         "give a model directory with a config.json"
     )
 
 
+# The embedded model's word-level vocabulary, part of its architecture: dapo_core.models
+# builds its tokenizer from it, and the plan sizes its embedding by it.
+PAD, EOS, UNK, ANSWER = "<pad>", "<eos>", "<unk>", "Answer:"
+# Newline and printable ASCII: any prompt can be encoded (other characters become <unk>).
+_CHARS = ["\n", *(chr(i) for i in range(32, 127))]
+
+
+def tiny_vocab() -> dict[str, int]:
+    """The tiny model's vocabulary, token → id: the special tokens first, then the characters."""
+    vocab = {PAD: 0, EOS: 1, UNK: 2, ANSWER: 3}
+    for c in _CHARS:
+        vocab.setdefault(c, len(vocab))
+    return vocab
+
+
 def tiny_architecture(model: ModelConfig) -> Architecture:
     """The embedded Llama-style model (dapo_core.models.build_tiny_model): MHA, tied, no bias."""
-    from dapo_core.models import (
-        tiny_vocab,
-    )  # torch comes with it: only when the tiny model is planned
-
     return Architecture(
         name="tiny",
         layers=model.num_layers,

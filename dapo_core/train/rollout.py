@@ -113,8 +113,12 @@ class ShapedReward:
         overlong: bool,
         cache_len: int,
         factor: float,
+        response_prefix: str = "",
     ) -> None:
         self.grade = get_grader(grader)
+        # What the prompt already wrote of the reply (`Answer: ` with data.prompt_template
+        # chat-answer): the grader reads the reply as a reader of the assistant's turn does.
+        self.response_prefix = response_prefix
         self.max_len, self.overlong, self.cache_len, self.factor = (
             max_len,
             overlong,
@@ -124,6 +128,8 @@ class ShapedReward:
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> ShapedReward:
+        from dapo_core.data.loaders import response_prefix
+
         a = cfg.algo
         return cls(
             grader=cfg.reward.grader,
@@ -131,10 +137,11 @@ class ShapedReward:
             overlong=a.overlong_penalty,
             cache_len=a.overlong_cache_len,
             factor=a.overlong_penalty_factor,
+            response_prefix=response_prefix(cfg.data.prompt_template),
         )
 
     def __call__(self, completion: Completion, problem: Problem) -> Scored:
-        result = self.grade(completion.text, problem.answer)
+        result = self.grade(self.response_prefix + completion.text, problem.answer)
         penalty = 0.0
         if self.overlong:
             length = len(completion.token_ids)
@@ -378,7 +385,6 @@ def rollout_metrics(
         M.CARRIED_GROUPS: float(carried),
         M.TRAIN_GROUPS: float(len(col.groups)),
         M.TOKENS_PER_S: tps,
-        M.ROLLOUT_TOKENS_PER_S: tps,
     }
 
 
