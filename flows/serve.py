@@ -186,29 +186,42 @@ def serve(*, host: str, port: int, ray_address: str | None, limit: int | None) -
             stop_process(server)
 
 
-def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
-    from prefect import serve as prefect_serve
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
+def share_ray(ray_address: str | None) -> tuple[str, list[Any]]:
+    """Join `ray_address` (or $RAY_ADDRESS), else start a local Ray instance in this process,
+    and export RAY_ADDRESS so that the flow runs this process starts (subprocesses) join the
+    same Ray instead of starting one each. Returns a line saying which Ray, and its nodes."""
     from flows import ray_worker
-    from flows.cluster import alive_nodes, runs_dir_warning
-    from flows.plan import runs_dir
+    from flows.cluster import alive_nodes
 
     cluster = ray_worker.connect(ray_address)
     nodes = alive_nodes()
     if not (ray_address or os.environ.get("RAY_ADDRESS")):
         import ray
 
-        # Flow runs are subprocesses: they join this local instance instead of starting theirs.
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
         where = f"a local Ray instance at {os.environ['RAY_ADDRESS']}"
     else:
         where = f"the Ray cluster at {ray_address or os.environ['RAY_ADDRESS']}"
+    line = (
+        f"Ray: {where} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}, "
+        f"{cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU)"
+    )
+    return line, nodes
+
+
+def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
+    from prefect import serve as prefect_serve
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import ray_worker
+    from flows.cluster import runs_dir_warning
+    from flows.plan import runs_dir
+
+    ray_line, nodes = share_ray(ray_address)
     ui = api_url.rstrip("/").removesuffix("/api")
     print(
         f"\nPrefect UI: {ui}\n"
-        f"Ray: {where} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}, "
-        f"{cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU)\n"
+        f"{ray_line}\n"
         f"Run directories (checkpoints): {runs_dir()}\n"
         "Serving: ablation-sweep/dapo-sweep, ablation-arm/dapo-arm, evaluate-run/dapo-eval\n\n"
         "Trigger a sweep:\n"
