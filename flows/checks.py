@@ -9,6 +9,7 @@ the file and the row, rather than in the trainer after the sweep was created.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,24 @@ def prepare_sweep(
         params = stored.model_copy(update={"force": params.force})
         jobs = plan.sweep_jobs(params)
     check_inputs(job.config for job in jobs)
+    check_runs_dir(plan.runs_dir())
     return params, store, jobs
+
+
+def check_runs_dir(runs: Path) -> None:
+    """The runs directory must take a file: an arm that cannot write its checkpoints would
+    fail inside its actor, after the sweep row exists. (Permission bits alone do not say it:
+    root writes through them, a read-only mount refuses root too.)"""
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=runs, prefix=".dapo-write-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PermissionError(
+            f"the runs directory {runs} ($DAPO_RUNS_DIR) is not writable ({reason}): "
+            "point DAPO_RUNS_DIR at a directory this user can write"
+        ) from None
 
 
 def sweep_ladder(
@@ -47,7 +65,8 @@ def sweep_ladder(
     flow may run elsewhere), and a grid is expanded from its base arm (the one --arms names,
     else the ladder's last) into a ladder of its own whose arms all run. A bad file, grid or
     base is one line (ValueError) before anything is written."""
-    from dapo_core.cli import parse_grid
+    from dapo_core.setup.config import ExperimentConfig
+    from dapo_core.setup.overrides import parse_grid
 
     validate(SweepParams, {"preset": preset})  # a bad preset first, in its usual words
     name = ladder or "paper"
@@ -64,9 +83,7 @@ def sweep_ladder(
         )
     base = arms[0] if arms else resolved.arms[-1].name
     resolved.arm(base)  # an unknown base names the ladder's arms
-    grid = expand_grid(
-        resolved, parse_grid(list(grids), resolved.config(base, preset)), arm=base, preset=preset
-    )
+    grid = expand_grid(resolved, parse_grid(ExperimentConfig, grids), arm=base, preset=preset)
     return grid.to_toml(), None
 
 

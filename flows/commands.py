@@ -47,7 +47,7 @@ def default_prefect_home() -> Path:
 
 
 def register(subparsers: Any) -> None:
-    """Add `sweep`, `arm` and `serve` to the `dapo` dispatcher."""
+    """Add `sweep`, `arm`, `serve`, `deploy` and `worker` to the `dapo` dispatcher."""
     p = subparsers.add_parser(
         "sweep",
         help="run an ablation ladder (arms × seeds) through Prefect and Ray, then print the table",
@@ -177,6 +177,10 @@ def register(subparsers: Any) -> None:
     store_argument(p)  # the forms' default store: a run whose form names none writes here
     p.set_defaults(func=cmd_serve)
 
+    from flows.deploy import register_pool_commands
+
+    register_pool_commands(subparsers)
+
 
 def _resource_args(
     p: argparse.ArgumentParser, *, default_cpus: float | None, default_gpus: float | None
@@ -248,7 +252,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "workers": args.workers,
             "placement": "SPREAD" if args.spread else "PACK",
         },
-        "overrides": _overrides(args.set, args.preset, ladder),
+        "overrides": _overrides(args.set),
         "store_url": args.store,
         "ray_address": args.ray_address,
         "force": args.force,
@@ -416,6 +420,9 @@ def start_services(ray_address: str | None, resources: Any, arms: int) -> None:
 
     server = use_temporary_server(wait=False)
     cluster = ray_worker.connect(ray_address)
+    # Before any actor asks for them: an arm bigger than the cluster is the user's mistake (one
+    # line, exit 2), not a flow that fails after Ray's autoscaler has complained.
+    plan.check_fits(cluster, resources)
     ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
     if server is not None:
         server.wait_ready()
@@ -536,15 +543,14 @@ def _absolute(value: str | None) -> str | None:
     return value
 
 
-def _overrides(items: list[str], preset: str, ladder: str) -> dict[str, Any]:
-    """`--set` values typed like the config's fields (any arm's config has every field)."""
+def _overrides(items: list[str]) -> dict[str, Any]:
+    """`--set` values typed like the config's fields."""
     if not items:
         return {}
-    from dapo_core.cli import parse_sets
-    from flows.params import parse_ladder
+    from dapo_core.setup.config import ExperimentConfig
+    from dapo_core.setup.overrides import parse_sets
 
-    resolved = parse_ladder(ladder, preset)  # checked by sweep_ladder already
-    return parse_sets(items, resolved.config(resolved.names[0], preset))
+    return parse_sets(ExperimentConfig, items)
 
 
 def _seeds(text: str) -> list[int]:

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from dapo_core.setup.config import ExperimentConfig
 from dapo_core.setup.ladders import (
     BUILTIN_LADDERS,
     NAME_MAX_LEN,
@@ -34,6 +35,7 @@ from dapo_core.setup.ladders import (
     Ladder,
     resolve_ladder,
 )
+from dapo_core.setup.overrides import type_overrides
 from dapo_core.setup.presets import PRESETS
 
 # A Literal type gives the Prefect form a drop-down; validation below repeats the check with a
@@ -123,7 +125,8 @@ class SweepParams(BaseModel):
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="dotted config overrides, e.g. {'batch.train_batch_size': 8}",
+        description="dotted config overrides, e.g. {'batch.train_batch_size': 8}; a value "
+        "given as text is read as its field's type, as with --set ('0.28' for a number)",
     )
     store_url: str | None = Field(
         None, description="SQLAlchemy URL of the store (default: $DAPO_DB_URL or SQLite)"
@@ -132,7 +135,9 @@ class SweepParams(BaseModel):
         None, description="Ray cluster to join (default: $RAY_ADDRESS or a local one)"
     )
     force: bool = Field(False, description="retrain arms already completed with the same config")
-    name: str | None = Field(None, description="a name for the sweep")
+    name: str | None = Field(
+        None, max_length=200, description="a name for the sweep (at most 200 characters)"
+    )
 
     # "before" validators: they run ahead of the Literal types' own check, so that the message
     # names the choices in words.
@@ -217,6 +222,15 @@ class SweepParams(BaseModel):
     def _blank_is_none(cls, value: str | None) -> str | None:
         # A form leaves an emptied text box as "": that means "use the default".
         return value.strip() or None if value is not None else None
+
+    @field_validator("overrides", mode="before")
+    @classmethod
+    def _overrides(cls, value: Any) -> Any:
+        # Typed here, before anything is written, by the rule --set follows: the form's JSON
+        # editor sends {"algo.clip_high": "0.28"} as readily as 0.28.
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a mapping of dotted config keys, got {value!r}")
+        return type_overrides(ExperimentConfig, value)
 
     @model_validator(mode="after")
     def _grid_keys_not_overridden(self) -> SweepParams:

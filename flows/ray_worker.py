@@ -20,7 +20,9 @@ and reports progress. The actors do not restart (a restarted rank cannot rejoin 
 group): when one dies or fails, the others are killed at once (they would otherwise wait in a
 collective), the whole try ends with ActorLost (the flow's task retries it, resuming from the
 last checkpoint) or with the failing rank's own one line, and the placement group is removed
-whatever happens.
+whatever happens. A group Ray cannot place within $DAPO_PLACEMENT_WAIT_S (default 30 min; a
+node lost, so that N GPUs are no longer there) ends the try with PlacementTimeout, one line
+naming the bundles and what the cluster has free.
 """
 
 from __future__ import annotations
@@ -71,6 +73,15 @@ FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "DAPO_STORE_OUTAGE_S",
+    # run.loggers' trackers (dapo_core/train/trackers.py). Not their API keys: runtime_env
+    # values show in Ray's dashboard; log the cluster's nodes in (`wandb login`) instead.
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_NAME",
+    "WANDB_MODE",
+    "WANDB_PROJECT",
+    "WANDB_ENTITY",
+    "TRACKIO_DIR",
+    "TRACKIO_PROJECT",
 )
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # configs and small dicts only travel through it
 PROBE_TIMEOUT_S = 3.0
@@ -83,6 +94,11 @@ PEER_LOSS_GRACE_S = 30.0
 # health checks (about 15-30 s with Ray's defaults). How long to wait for that word.
 LOST_VERDICT_WAIT_S = 30.0
 VERDICT_POLL_S = 0.5
+# How long an arm of N workers waits for Ray to place its group (other arms may hold the
+# resources for a while) before it gives up: after a node loss, a retry that can never place N
+# GPUs would otherwise wait forever. Read when an arm starts; 0 waits without limit.
+PLACEMENT_WAIT_ENV = "DAPO_PLACEMENT_WAIT_S"
+DEFAULT_PLACEMENT_WAIT_S = 1800.0
 
 
 class ActorLost(RuntimeError):
@@ -96,6 +112,24 @@ class Interrupted(RuntimeError):
 # Set when this process stops its work (a Ctrl-C in `dapo sweep`): every wait below kills its
 # actor and raises Interrupted instead of waiting for training to end.
 STOP = threading.Event()
+
+
+class PlacementTimeout(RuntimeError):
+    """Ray could not place an arm's workers within the placement wait (not retried: what the
+    cluster lacks will not come back by itself)."""
+
+
+def placement_wait_s(environ: Mapping[str, str] | None = None) -> float:
+    """$DAPO_PLACEMENT_WAIT_S, or the default; 0 (or less) waits without limit."""
+    raw = (os.environ if environ is None else environ).get(PLACEMENT_WAIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PLACEMENT_WAIT_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{PLACEMENT_WAIT_ENV}={raw!r} is not a number of seconds (0 waits without limit)"
+        ) from None
 
 
 class TrainingFailed(RuntimeError):
@@ -265,7 +299,7 @@ class ArmTrainer:
         cfg = ExperimentConfig.from_dict(config)
         self._progress, self._run_id = None, run_id
         # The sink spills what a store outage holds back into the run directory.
-        sink = open_sink(store_url, run_id, out_dir)
+        sink = open_sink(store_url, run_id, out_dir, config, owner)
         try:
             result = train(
                 cfg,
@@ -305,7 +339,9 @@ class ArmTrainer:
             init_method,
             config,
             out_dir,
-            functools.partial(open_sink, store_url, run_id, out_dir) if rank == 0 else None,
+            functools.partial(open_sink, store_url, run_id, out_dir, config, owner)
+            if rank == 0
+            else None,
             owner,
             resume=True,
             progress=self._on_progress if rank == 0 else None,
@@ -321,15 +357,15 @@ class ArmTrainer:
         """Evaluate a checkpoint with `config`'s data.eval / eval_k and log it to the store run."""
         from dapo_core.setup.config import ExperimentConfig
         from dapo_core.train.checkpoint import checkpoint_step, resolve_checkpoint
-        from dapo_core.train.runner import evaluate_policy, load_checkpoint_policy, setup_torch
+        from dapo_core.train.runner import evaluate_checkpoint
 
         cfg = ExperimentConfig.from_dict(config)
         ckpt = resolve_checkpoint(checkpoint)
-        device = setup_torch(cfg)
-        model, tokenizer = load_checkpoint_policy(ckpt, cfg, device)
         step = checkpoint_step(ckpt)
         t0 = time.perf_counter()
-        result = evaluate_policy(cfg, model, tokenizer, step=step)
+        # The run's own engine and, on a GPU, the evaluation's memory plan first; the engine is
+        # closed and the device memory released however it ends (a pooled actor trains next).
+        result = evaluate_checkpoint(ckpt, cfg)
         sink = open_sink(store_url, run_id, None)
         try:
             sink.log_evaluation(step, result)
@@ -344,11 +380,25 @@ class ArmTrainer:
         self._progress = dict(update)
 
 
-def open_sink(store_url: str, run_id: int, spill_dir: str | None) -> Any:
-    """The store's metrics sink of a run (module level: a worker's sink factory is pickled)."""
+def open_sink(
+    store_url: str,
+    run_id: int,
+    spill_dir: str | None,
+    config: Mapping[str, Any] | None = None,
+    owner: Mapping[str, Any] | None = None,
+) -> Any:
+    """The store's metrics sink of a run (module level: a worker's sink factory is pickled),
+    fanned out to the trackers config's run.loggers names, tagged from the store (sweep, arm,
+    seed, ladder, parent)."""
     from db.store import Store
 
-    return Store(store_url).sink(run_id, spill_dir=spill_dir)
+    sink = Store(store_url).sink(run_id, spill_dir=spill_dir)
+    if config is None or spill_dir is None or not config.get("run", {}).get("loggers"):
+        return sink
+    from dapo_core.train.trackers import with_trackers
+    from flows.export import run_tags
+
+    return with_trackers(sink, config, spill_dir, run_tags(store_url, run_id, owner))
 
 
 def _result_dict(result: Any) -> dict[str, Any]:
@@ -523,8 +573,10 @@ def run_group(
     actors: list[Any] = []
     try:
         # Ray queues a group it cannot place yet (other arms hold the resources): wait, but
-        # let a stop interrupt the wait.
-        _gather([group.ready()], [])
+        # let a stop interrupt the wait, and give up after the placement wait.
+        wait_s = placement_wait_s()
+        if not _gather([group.ready()], [], timeout_s=wait_s if wait_s > 0 else None):
+            raise PlacementTimeout(_unplaced(n, bundle, resources.placement, wait_s))
         actors = [
             ArmTrainer.options(  # type: ignore[attr-defined]
                 # Rank 0 carries the run's actor name: actor_alive() finds a training arm.
@@ -580,18 +632,42 @@ def _stop(actors: list[Any]) -> None:
     raise Interrupted("stopped: this process is shutting down")
 
 
-def _gather(refs: list[Any], actors: list[Any]) -> list[Any]:
-    """ray.get(refs), a stop allowed while waiting; a dead actor is ActorLost."""
+def _gather(refs: list[Any], actors: list[Any], *, timeout_s: float | None = None) -> list[Any]:
+    """ray.get(refs), a stop allowed while waiting; a dead actor is ActorLost. With timeout_s,
+    [] when they are not all done by then."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         if STOP.is_set():
             _stop(actors)
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROGRESS_POLL_S)
+        poll = PROGRESS_POLL_S
+        if deadline is not None:
+            poll = max(0.0, min(poll, deadline - time.monotonic()))
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=poll)
         if len(done) == len(refs):
             break
+        if deadline is not None and time.monotonic() >= deadline:
+            return []
     try:
         return list(ray.get(refs))
     except ray.exceptions.RayActorError as exc:
         raise ActorLost(f"the Ray actor died before training: {plan.first_line(exc)}") from None
+
+
+def _unplaced(n: int, bundle: Mapping[str, float], strategy: str, wait_s: float) -> str:
+    """One line: the group that Ray could not place, and what the cluster has free now."""
+
+    def show(resources: Mapping[str, float]) -> str:
+        return ", ".join(f"{k} {resources.get(k, 0.0):g}" for k in ("CPU", "GPU") if k in bundle)
+
+    try:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        now = f"the cluster has {show(free)} free of {show(total)}"
+    except Exception:  # the report must not hide the timeout behind another error
+        now = "the cluster's resources are unknown"
+    return (
+        f"could not place {n} workers × {{{show(bundle)}}} ({strategy}) within {wait_s:g} s: "
+        f"{now} (a node lost, or other arms holding it); {PLACEMENT_WAIT_ENV} sets the wait"
+    )
 
 
 def _wait(

@@ -57,6 +57,11 @@ def env(tmp_path: Path) -> dict[str, str]:
             ["--grid", "algo.clip_high=0.24,0.32", "--set", "algo.clip_high=0.3"],
             "error: overrides: algo.clip_high is the key the ladder's grid sweeps",
         ),
+        # Issue 21.11: these failed inside the flow (exit 1) after Ray's autoscaler complained,
+        # or (a long name) at the store's first insert on PostgreSQL.
+        (["--arms", "grpo", "--cpus", "999"], "error: each arm asks for 999 CPU(s) but the Ray"),
+        (["--arms", "grpo", "--gpus", "1"], "error: each arm asks for 1 GPU(s) but the Ray"),
+        (["--name", "x" * 300], "error: name: String should have at most 200 characters"),
     ],
 )
 def test_bad_sweep_input_is_one_line_and_exit_2(
@@ -71,6 +76,29 @@ def test_bad_sweep_input_is_one_line_and_exit_2(
         from db.engine import get_engine
 
         assert queries.latest_sweep_id(get_engine(env["DAPO_DB_URL"])) is None
+
+
+def test_an_unwritable_runs_directory_is_one_line_before_anything_starts(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 21.11: the runs directory was first written by the arm's actor, after the sweep
+    row existed. A path under a regular file refuses even root (permission bits do not)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**env, "DAPO_RUNS_DIR": str(blocker / "runs")}
+    result = dapo(env, "sweep", "--arms", "grpo")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"error: the runs directory {blocker / 'runs'} ($DAPO_RUNS_DIR) is not")
+    assert "\n" not in line
+    assert not Path(env["DAPO_DB_URL"].removeprefix("sqlite:///")).exists() or _no_sweep(env)
+
+
+def _no_sweep(env: dict[str, str]) -> bool:
+    from db import queries
+    from db.engine import get_engine
+
+    return queries.latest_sweep_id(get_engine(env["DAPO_DB_URL"])) is None
 
 
 @pytest.mark.parametrize(
