@@ -569,3 +569,66 @@ def test_release_is_a_noop_for_cpu_runs(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: pytest.fail("empty_cache without CUDA"))
     release_device_memory()
+
+
+# --- item 7: vLLM starts without a copy of the model on disk ------------------------------------
+def test_a_vllm_engine_starts_from_a_skeleton_and_the_models_weights_in_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """make_engine wrote the whole float32 model for vLLM's loader (at 7B ~28 GiB per start, on
+    every node's rank 0): it now writes config and tokenizer only, starts vLLM on dummy weights
+    and pushes the model's own before the engine is used."""
+    log = stub_vllm(monkeypatch)
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok), 0)
+    cfg = small("grpo", **{"rollout.engine": "vllm"})
+    engine = engines.make_engine("vllm", model, tok, cfg, work_dir=tmp_path)
+    written = sorted(p.name for p in (tmp_path / "vllm-init").iterdir())
+    assert "config.json" in written and "tokenizer.json" in written
+    assert not [n for n in written if n.endswith((".safetensors", ".bin"))], written
+    assert log["kwargs"][0]["load_format"] == "dummy"
+    assert log["reloaded"] == list(model.state_dict())  # every weight, before the first sample
+    engine.close()
+
+
+def test_a_vllm_engine_on_an_export_loads_it_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    log = stub_vllm(monkeypatch)
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok), 0)
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cfg = small("grpo", **{"rollout.engine": "vllm"})
+    engine = engines.make_engine("vllm", model, tok, cfg, init_dir=tmp_path / "model")
+    assert "load_format" not in log["kwargs"][0]
+    assert "reloaded" not in log  # its weights are the export's: nothing pushed
+    engine.close()
+
+
+def test_n_workers_vllm_engines_start_from_one_skeleton_then_their_gathered_shards(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Rank 0 wrote the whole model for every rank's vLLM; now a skeleton, and each rank's
+    engine receives its weights from the shards (sync_first=False: _train_rank pushes them once
+    sharded)."""
+    log = stub_vllm(monkeypatch)
+    tok = char_tokenizer()
+    model = tiny_llama(len(tok), 0)
+    cfg = small("grpo", **{"rollout.engine": "vllm"})
+
+    class OneRank:
+        rank, world_size = 0, 1
+
+        def barrier(self) -> None:
+            pass
+
+    engine = distributed._make_rank_engine(
+        cfg, model, tok, torch.device("cpu"), OneRank(), tmp_path, seed=0
+    )  # type: ignore[arg-type]
+    init = tmp_path / distributed.VLLM_INIT_DIR
+    assert (init / "config.json").is_file()
+    assert not list(init.glob("*.safetensors"))
+    assert log["kwargs"][0]["load_format"] == "dummy"
+    assert "reloaded" not in log  # the rank pushes its gathered shards itself
+    engine.close()

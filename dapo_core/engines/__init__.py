@@ -7,6 +7,7 @@ transformers.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,16 +40,20 @@ def make_engine(
     work_dir: Path | None = None,
     seed: int | None = None,
     init_dir: Path | None = None,
+    sync_first: bool = True,
+    llm_kwargs: Mapping[str, Any] | None = None,
 ) -> RolloutEngine:
     """The rollout engine `name` (`hf` or `vllm`) sampling from `model`.
 
     `hf` samples from `model` itself under autocast to the compute dtype (model.dtype).
-    `vllm` starts from the model's current weights, saved once under `work_dir` (a temporary
-    directory by default) for vLLM's loader: the embedded tiny model exists only in memory, and a
-    resumed run's weights are not the hub checkpoint's. Later weights arrive in place through
-    load_weights, never through disk. `init_dir` names a directory already holding them (the
-    workers of one arm share the one rank 0 wrote); `seed` overrides run.seed (each worker's
-    engine draws from its own stream).
+    `vllm` starts from a skeleton (config, generation config and tokenizer; no weights) written
+    under `work_dir` (a temporary directory by default) with vLLM's dummy weights, then receives
+    the model's current weights from memory through load_weights, as every later sync does: no
+    float32 copy of the model goes through disk (at 7B it was ~28 GiB written, then read, per
+    start). `init_dir` names a directory already holding a skeleton (the workers of one arm share
+    the one rank 0 wrote: `sync_first=False`, each rank pushes its gathered shards itself) or a
+    whole model (an HF export to evaluate: loaded as it is); `seed` overrides run.seed (each
+    worker's engine draws from its own stream); `llm_kwargs` go to vLLM's `LLM` as they are.
     """
     import torch
 
@@ -67,14 +72,14 @@ def make_engine(
         from dapo_core.engines.hf import eos_token_ids
         from dapo_core.engines.vllm_engine import VLLMEngine, import_vllm
 
-        import_vllm()  # fail with the install hint before saving anything
+        import_vllm()  # fail with the install hint before writing anything
         if init_dir is not None:
             target = Path(init_dir)
         else:
             target = Path(work_dir or tempfile.mkdtemp(prefix="dapo-vllm-")) / "vllm-init"
-            model.save_pretrained(target)
-            tokenizer.save_pretrained(target)
-        return VLLMEngine(
+            write_skeleton(model, tokenizer, target)
+        skeleton = not has_weights(target)
+        engine = VLLMEngine(
             str(target),
             eos_token_ids=eos_token_ids(model, tokenizer),
             max_prompt_len=cfg.rollout.max_prompt_len,
@@ -82,5 +87,31 @@ def make_engine(
             dtype=cfg.model.dtype,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             seed=seed,
+            llm_kwargs={**({"load_format": "dummy"} if skeleton else {}), **(llm_kwargs or {})},
         )
+        if skeleton and sync_first:
+            # Before the first sample: vLLM's dummy weights are random numbers.
+            engine.load_weights(model.state_dict())
+        return engine
     raise ValueError(f"unknown rollout engine {name!r}: use hf or vllm")
+
+
+# What a model directory holds its weights in (transformers' and vLLM's loaders).
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+
+
+def write_skeleton(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
+) -> None:
+    """A model directory without weights: what vLLM reads to build its model and tokenizer."""
+    target.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(target)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def has_weights(model_dir: Path) -> bool:
+    """Whether `model_dir` holds a whole model (an export to load) rather than a skeleton."""
+    return any(any(model_dir.glob(p)) for p in WEIGHT_PATTERNS)

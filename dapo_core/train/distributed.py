@@ -378,6 +378,8 @@ def _train_rank(
         sync_weights=sync,
         device=device,
     )
+    if cfg.rollout.engine == "vllm" and ckpt is None:
+        sync()  # the engine started on dummy weights; a resume syncs in load_state_dict
     if ckpt is not None:
         state = load_trainer_state(ckpt)
         if sharded:
@@ -450,14 +452,20 @@ def _make_rank_engine(
 
     dtype = compute_dtype(cfg.model.dtype)
     if cfg.rollout.engine == "vllm":
-        # vLLM loads its first weights from disk: rank 0 writes them once for every rank.
+        # vLLM builds its model from a skeleton (config and tokenizer, written once by rank 0)
+        # with dummy weights; each rank then pushes the weights gathered from its shards
+        # (_train_rank, once sharded). Writing the whole float32 model for vLLM's loader cost
+        # ~28 GiB of disk and a read per rank at 7B.
+        from dapo_core.engines import write_skeleton
+
         init_dir = out_dir / VLLM_INIT_DIR
         if coll.rank == 0:
             shutil.rmtree(init_dir, ignore_errors=True)
-            model.save_pretrained(init_dir)
-            tokenizer.save_pretrained(init_dir)
+            write_skeleton(model, tokenizer, init_dir)
         coll.barrier()
-        return make_engine("vllm", model, tokenizer, cfg, seed=seed, init_dir=init_dir)
+        return make_engine(
+            "vllm", model, tokenizer, cfg, seed=seed, init_dir=init_dir, sync_first=False
+        )
     return make_engine("hf", rollout_copy(model, dtype, device), tokenizer, cfg, seed=seed)
 
 
