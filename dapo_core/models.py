@@ -56,6 +56,23 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy model and its tokenizer on `device` (`cpu`, `cuda`, ...), its parameters in
     `dtype` (default model.dtype; training asks for float32 masters)."""
+    model, tokenizer = _from_pretrained(policy_source(model_cfg), dtype or model_cfg.dtype)
+    model.to(torch.device(device))  # type: ignore[arg-type]
+    return model, tokenizer
+
+
+def load_policy_skeleton(
+    model_cfg: ModelConfig, *, dtype: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy `load_policy` gives, built from its config on the meta device (no weights
+    read, no memory taken), with the same tokenizer and generation config: what a worker needs
+    whose shards are then sent from rank 0 (FSDP2), instead of every worker reading the whole
+    model into host memory."""
+    return _from_pretrained(policy_source(model_cfg), dtype or model_cfg.dtype, meta=True)
+
+
+def policy_source(model_cfg: ModelConfig) -> str:
+    """Where model.name_or_path is read from: a local directory, else a hub name."""
     from dapo_core import real_model
 
     name = model_cfg.name_or_path
@@ -67,11 +84,7 @@ def load_policy(
         path = Path(name).expanduser()
         if is_local_path(name) and not path.exists():
             raise FileNotFoundError(f"model path {name} does not exist")
-    model, tokenizer = _from_pretrained(
-        str(path) if path.exists() else name, dtype or model_cfg.dtype
-    )
-    model.to(torch.device(device))  # type: ignore[arg-type]
-    return model, tokenizer
+    return str(path) if path.exists() else name
 
 
 @contextlib.contextmanager
@@ -90,8 +103,9 @@ def quiet_progress() -> Iterator[None]:
 
 
 def _from_pretrained(
-    name_or_path: str, dtype: str
+    name_or_path: str, dtype: str, *, meta: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer; `meta`: the model built from its config on the meta device."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # A hub name is tried from the local Hugging Face cache first; the network only when the
@@ -100,9 +114,12 @@ def _from_pretrained(
     try:
         with quiet_progress():
             tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
-            model = AutoModelForCausalLM.from_pretrained(
-                name_or_path, dtype=getattr(torch, dtype), local_files_only=local_only
-            )
+            if meta:
+                model = _on_meta(name_or_path, getattr(torch, dtype), local_only=local_only)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    name_or_path, dtype=getattr(torch, dtype), local_files_only=local_only
+                )
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if local_only:
@@ -114,6 +131,22 @@ def _from_pretrained(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def _on_meta(name_or_path: str, dtype: torch.dtype, *, local_only: bool) -> PreTrainedModel:
+    """The model of `name_or_path`'s config, every parameter and buffer on the meta device,
+    as from_pretrained leaves it otherwise (eval mode, the saved generation config: it names
+    the EOS tokens an engine stops on)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(name_or_path, local_files_only=local_only)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with contextlib.suppress(OSError):  # no generation_config.json: the one from the config
+        model.generation_config = GenerationConfig.from_pretrained(
+            name_or_path, local_files_only=local_only
+        )
+    return model.eval()  # type: ignore[no-any-return]
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -5,7 +5,9 @@ Every rank runs `train_worker`, which is `runner.train` with these differences:
     init_distributed    torch.distributed's default group: gloo on CPU, NCCL on GPU (and gloo
                         for CPU tensors with model.cpu_offload); objects and barriers go over a
                         gloo group that waits run.collective_timeout_s (open_collective)
-    load the policy     float32 and whole, in host memory (from the checkpoint when resuming)
+    load the policy     float32 and whole, in host memory (from the checkpoint when resuming);
+                        with the vllm engine on rank 0 only, the other ranks build it on the
+                        meta device and receive their shards from rank 0 (shard_from_rank0)
     rollout copy        an unsharded copy in the compute dtype for this rank's engine (hf); the
                         engine's random stream is seeded per rank, so ranks sample differently
     shard_policy        FSDP2: fully_shard per decoder layer, then the LogprobModel root, with
@@ -46,7 +48,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -178,6 +180,75 @@ def shard_policy(
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(root, **options)
+    return root
+
+
+def load_policy_once(
+    cfg: ExperimentConfig, coll: Collective, *, weights: Path | None = None
+) -> tuple[PreTrainedModel, Any, dict[str, torch.Tensor] | None]:
+    """The policy, read from storage by rank 0 only: (model, tokenizer, rank 0's full state dict).
+
+    Rank 0 loads the float32 masters whole in host memory (then `weights`, a one-worker
+    checkpoint, over them) and returns their state dict; every other rank builds the same
+    model on the meta device (no memory) and gets None. shard_from_rank0 then shards them and
+    fills every rank's shards from rank 0: at 7B one float32 model (~28 GiB) per node instead
+    of one per rank. The tokenizer is every rank's own (from the same place as the model)."""
+    from dapo_core.train.checkpoint import load_model_weights
+    from dapo_core.train.runner import load_masters, meta_masters
+
+    loaded: list[tuple[PreTrainedModel, Any]] = []
+
+    def load() -> None:
+        model, tokenizer = load_masters(cfg, "cpu")
+        if weights is not None:
+            load_model_weights(model, weights)  # one worker's checkpoint: its float32 model/
+        loaded.append((model, tokenizer))
+
+    # Rank 0's failure (a missing model, a bad checkpoint) is raised on every rank, which
+    # would otherwise wait for its shards until the collective timeout.
+    _on_rank0(coll, load)
+    if coll.rank == 0:
+        model, tokenizer = loaded[0]
+        return model, tokenizer, model.state_dict()
+    model, tokenizer = meta_masters(cfg)
+    return model, tokenizer, None
+
+
+def shard_from_rank0(
+    model: nn.Module,
+    full_state: dict[str, torch.Tensor] | None,
+    coll: Collective,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    cpu_offload: bool = False,
+) -> LogprobModel:
+    """shard_policy over load_policy_once's models, every rank's shards filled from rank 0's
+    `full_state` (a collective: every rank calls it; `full_state` is None but on rank 0, which
+    may drop it afterwards: its whole tensors are then freed).
+
+    Rank 0's model holds real weights; the others' are on the meta device until sharded, then
+    get empty shards (where FSDP2 keeps them: host memory with cpu_offload, else `device`),
+    which set_model_state_dict fills, parameter by parameter, from rank 0's broadcast. The
+    buffers (rotary tables) are sent whole: the non-persistent ones are in no state dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cpu_offload)
+    if coll.rank != 0:
+        model.to_empty(device=torch.device("cpu") if cpu_offload else device)
+    # Buffers stay whole on `device` (FSDP2 moved rank 0's there; it never offloads them).
+    # Every alias of a shared buffer is named (remove_duplicate=False), so each is replaced.
+    buffers: dict[str, torch.Tensor] = {}
+    if coll.rank == 0:
+        buffers = {name: b.cpu() for name, b in model.named_buffers(remove_duplicate=False)}
+    for name, value in coll.broadcast_object(buffers).items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, value.to(device))
+    set_model_state_dict(
+        model,
+        cast(dict[str, Any], full_state if full_state is not None else {}),
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
     return root
 
 
@@ -350,17 +421,36 @@ def _train_rank(
     if cfg.model.name_or_path == TINY:
         # Built (once per machine) by rank 0: save_pretrained writes nothing on other ranks.
         _on_rank0(coll, lambda: str(tiny_model_dir(cfg.model)))
-    # Whole and float32 in host memory first; FSDP moves each rank's shards to `device`.
-    model, tokenizer = load_masters(cfg, "cpu")
-    if ckpt is not None and not sharded:
-        load_model_weights(model, ckpt)  # one worker's checkpoint: its float32 model/
+    full_state: dict[str, torch.Tensor] | None = None
+    if cfg.rollout.engine == "vllm":
+        # Read once, by rank 0; the other ranks' shards come from it (shard_from_rank0). The
+        # hf engine needs the whole model on every rank anyway (its rollout copy).
+        model, tokenizer, full_state = load_policy_once(
+            cfg, coll, weights=ckpt if ckpt is not None and not sharded else None
+        )
+    else:
+        # Whole and float32 in host memory first; FSDP moves each rank's shards to `device`.
+        model, tokenizer = load_masters(cfg, "cpu")
+        if ckpt is not None and not sharded:
+            load_model_weights(model, ckpt)  # one worker's checkpoint: its float32 model/
     own_streams = load_rank_state(ckpt, rank) if sharded and ckpt is not None else None
     fresh_stream = ckpt is not None and own_streams is None and rank > 0
     seed = engine_seed(cfg.run.seed, rank, checkpoint_step(ckpt) if fresh_stream and ckpt else 0)
     engine = _make_rank_engine(cfg, model, tokenizer, device, coll, out_dir, seed=seed)
     cleanup.callback(engine.close)
 
-    root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload)
+    if cfg.rollout.engine == "vllm":
+        root = shard_from_rank0(
+            model,
+            full_state,
+            coll,
+            dtype=dtype,
+            device=device,
+            cpu_offload=cfg.model.cpu_offload,
+        )
+        full_state = None  # rank 0's last reference to the whole tensors: the shards hold them
+    else:
+        root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload)
     if sharded and ckpt is not None:
         load_sharded_model(model, ckpt)  # resharded to this many workers
 
@@ -447,7 +537,9 @@ def _make_rank_engine(
     *,
     seed: int,
 ) -> RolloutEngine:
-    """This rank's engine, made before the policy is sharded (it needs the whole weights)."""
+    """This rank's engine, made before the policy is sharded: hf copies the whole weights;
+    vllm reads only the config (the model may be on the meta device) and gets its weights from
+    the shards by the first sync."""
     from dapo_core.engines import make_engine
 
     dtype = compute_dtype(cfg.model.dtype)

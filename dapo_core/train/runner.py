@@ -261,14 +261,29 @@ def load_masters(
     """The policy with float32 parameters (the optimizer's masters) whatever model.dtype says:
     model.dtype is the compute dtype (autocast on one worker, FSDP2's cast on many)."""
     from dapo_core.models import load_policy
-    from dapo_core.train.policy import as_masters
 
     model, tokenizer = load_policy(cfg.model, device, dtype="float32")
+    return _as_trained(cfg, model), tokenizer
+
+
+def meta_masters(cfg: ExperimentConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """load_masters' model built on the meta device from its config, no weights read: a worker
+    of N whose shards rank 0 then sends (distributed.shard_from_rank0)."""
+    from dapo_core.models import load_policy_skeleton
+
+    model, tokenizer = load_policy_skeleton(cfg.model, dtype="float32")
+    return _as_trained(cfg, model), tokenizer
+
+
+def _as_trained(cfg: ExperimentConfig, model: PreTrainedModel) -> PreTrainedModel:
+    """Float32 masters, gradient checkpointing as configured."""
+    from dapo_core.train.policy import as_masters
+
     as_masters(model)
     if cfg.model.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
         # Non-reentrant: the variant that composes with FSDP2's hooks.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model, tokenizer
+    return model
 
 
 @dataclass
