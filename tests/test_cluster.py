@@ -193,10 +193,12 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
 
     (run,) = runs(work["url"])
     assert run["status"] == "completed" and run["tries"] == 2, run
-    # The lost try's one line, naming the worker and the node that died.
-    error = str(run["error"])
-    assert "\n" not in error and error.startswith("ActorLost: worker"), error
-    assert f"on node {node_ids[1]}@" in error and "(its node died)" in error, error
+    # A completed run keeps no error from its lost try (issue 21.13); the sweep said the lost
+    # try's one line, naming the worker and the node that died, while the task retried.
+    assert run["error"] is None, run["error"]
+    lost = [line for line in out.splitlines() if "ActorLost: worker" in line]
+    assert len(lost) == 1, out[-3000:]
+    assert f"on node {node_ids[1]}@" in lost[0] and "(its node died)" in lost[0], lost[0]
     # The retry ran both ranks on the surviving node, from the checkpoint.
     assert NODE.findall(run["host"]) == [node_ids[0]], run["host"]
     assert "ranks 0-1" in run["host"]
