@@ -492,29 +492,9 @@ def plan_memory(
     kv_tokens = 0.0
     problems: list[str] = []
     if cfg.rollout.engine == "vllm":
-        ce = c
-        share = cfg.rollout.gpu_memory_utilization * gpu
-        eweights = ce * P
-        kv = share - eweights - VLLM_OVERHEAD_GIB * GIB
-        kv_tokens = max(kv, 0.0) / (ce * a.kv_bytes_per_token)
-        items.append(
-            Item(
-                "engine",
-                "vLLM engine share (reserved)",
-                share,
-                ("resident",),
-                detail=f"{cfg.rollout.gpu_memory_utilization:g} × {gpu_memory_gib:g} GiB: weights "
-                f"{_g(eweights)}, overhead {VLLM_OVERHEAD_GIB:g}, KV cache {_g(max(kv, 0))} GiB = "
-                f"{kv_tokens / 1e3:.0f}k tokens = {kv_tokens / seq_len:.1f} sequences of {seq_len}",
-            )
-        )
-        if kv_tokens < seq_len:
-            need = (eweights + VLLM_OVERHEAD_GIB * GIB + seq_len * ce * a.kv_bytes_per_token) / gpu
-            problems.append(
-                f"the vLLM engine's {_g(share)} GiB share cannot hold its {_g(eweights)} GiB of "
-                f"weights and one {seq_len}-token sequence: rollout.gpu_memory_utilization >= "
-                f"{math.ceil(need * 100) / 100:.2f} needed"
-            )
+        item, kv_tokens, problem = _vllm_share(cfg, a, c * P, gpu_memory_gib, seq_len)
+        items.append(item)
+        problems += [problem] if problem else []
     else:
         per_call = max(1, HF_MAX_BATCH_SEQS // cfg.rollout.group_size)
         prompts = min(per_call, math.ceil(cfg.batch.gen_batch_size / N))
@@ -752,28 +732,9 @@ def plan_evaluation(
     problems_text: list[str] = []
     kv_tokens = 0.0
     if cfg.rollout.engine == "vllm":
-        share = cfg.rollout.gpu_memory_utilization * gpu
-        eweights = c * a.params
-        kv = share - eweights - VLLM_OVERHEAD_GIB * GIB
-        kv_tokens = max(kv, 0.0) / (c * a.kv_bytes_per_token)
-        items.append(
-            Item(
-                "engine",
-                "vLLM engine share (reserved)",
-                share,
-                ("resident",),
-                detail=f"{cfg.rollout.gpu_memory_utilization:g} × {gpu_memory_gib:g} GiB: weights "
-                f"{_g(eweights)}, overhead {VLLM_OVERHEAD_GIB:g}, KV cache {_g(max(kv, 0))} GiB = "
-                f"{kv_tokens / seq_len:.1f} sequences of {seq_len}",
-            )
-        )
-        if kv_tokens < seq_len:
-            need = (eweights + VLLM_OVERHEAD_GIB * GIB + seq_len * c * a.kv_bytes_per_token) / gpu
-            problems_text.append(
-                f"the vLLM engine's {_g(share)} GiB share cannot hold its {_g(eweights)} GiB of "
-                f"weights and one {seq_len}-token sequence: rollout.gpu_memory_utilization >= "
-                f"{math.ceil(need * 100) / 100:.2f} needed"
-            )
+        item, kv_tokens, problem = _vllm_share(cfg, a, c * a.params, gpu_memory_gib, seq_len)
+        items.append(item)
+        problems_text += [problem] if problem else []
     else:
         items.append(
             Item(
@@ -896,3 +857,40 @@ def _count(n: int) -> str:
 
 def _g(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f}"
+
+
+def _vllm_share(
+    cfg: ExperimentConfig,
+    a: Architecture,
+    weights_bytes: float,
+    gpu_memory_gib: float,
+    seq_len: int,
+) -> tuple[Item, float, str | None]:
+    """The colocated vLLM engine's reserved share (rollout.gpu_memory_utilization of the GPU):
+    its weights in the compute dtype, its fixed overhead, and a KV cache of what is left. Returns
+    the plan item, the KV cache's capacity in tokens, and the one line saying what share is
+    needed when it cannot hold one `seq_len`-token sequence (else None)."""
+    gpu = gpu_memory_gib * GIB
+    c = DTYPE_BYTES[cfg.model.dtype]
+    share = cfg.rollout.gpu_memory_utilization * gpu
+    kv = share - weights_bytes - VLLM_OVERHEAD_GIB * GIB
+    kv_tokens = max(kv, 0.0) / (c * a.kv_bytes_per_token)
+    item = Item(
+        "engine",
+        "vLLM engine share (reserved)",
+        share,
+        ("resident",),
+        detail=f"{cfg.rollout.gpu_memory_utilization:g} × {gpu_memory_gib:g} GiB: weights "
+        f"{_g(weights_bytes)}, overhead {VLLM_OVERHEAD_GIB:g}, KV cache {_g(max(kv, 0))} GiB = "
+        f"{kv_tokens / 1e3:.0f}k tokens = {kv_tokens / seq_len:.1f} sequences of {seq_len}",
+    )
+    if kv_tokens >= seq_len:
+        return item, kv_tokens, None
+    need = (weights_bytes + VLLM_OVERHEAD_GIB * GIB + seq_len * c * a.kv_bytes_per_token) / gpu
+    return (
+        item,
+        kv_tokens,
+        f"the vLLM engine's {_g(share)} GiB share cannot hold its {_g(weights_bytes)} GiB of "
+        f"weights and one {seq_len}-token sequence: rollout.gpu_memory_utilization >= "
+        f"{math.ceil(need * 100) / 100:.2f} needed",
+    )
