@@ -99,5 +99,5 @@ real-model: $(STAMP)
 # The tests look for the conversion where `make real-model` put it (tests/conftest.py would point
 # DAPO_CACHE_DIR at the tiny model's test cache otherwise).
 test-real-model: real-model
-	DAPO_CACHE_DIR="$$($(BIN)/python -c 'from dapo_core.models import cache_root; print(cache_root())')" \
+	DAPO_CACHE_DIR="$$($(BIN)/python -c 'from dapo_core.cache import cache_root; print(cache_root())')" \
 	  $(BIN)/python -m pytest -q -m realmodel tests/real_model

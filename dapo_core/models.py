@@ -25,12 +25,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dapo_core.cache import cache_root, quiet_progress
 from dapo_core.data import synthetic
 from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
 from dapo_core.setup.config import ModelConfig, is_local_path
@@ -85,21 +85,6 @@ def policy_source(model_cfg: ModelConfig) -> str:
         if is_local_path(name) and not path.exists():
             raise FileNotFoundError(f"model path {name} does not exist")
     return str(path) if path.exists() else name
-
-
-@contextlib.contextmanager
-def quiet_progress() -> Iterator[None]:
-    """No transformers progress bars ("Loading weights", "Writing model shards") inside: they
-    would cut into the per-step progress lines and into `--quiet` output."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
 
 
 def _from_pretrained(
@@ -170,16 +155,6 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 # --- the tiny model ----------------------------------------------------------------------------
-def cache_root() -> Path:
-    """`$DAPO_CACHE_DIR`, else the platform's user cache directory for dapo-lab."""
-    env = os.environ.get("DAPO_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("dapo-lab"))
-
-
 def tiny_cache_key(model_cfg: ModelConfig) -> str:
     """Hash of everything that determines the warm-started weights (not dtype or device)."""
     blob = {

@@ -65,7 +65,7 @@ class ModelSetupError(ValueError):
 
 # --- where things live ---------------------------------------------------------------------
 def real_root() -> Path:
-    from dapo_core.models import cache_root
+    from dapo_core.cache import cache_root
 
     return cache_root() / "real"
 
@@ -191,7 +191,7 @@ def _convert_into(gguf: Path, out: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_core.models import quiet_progress
+    from dapo_core.cache import quiet_progress
 
     t0 = time.perf_counter()
     try:

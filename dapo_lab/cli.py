@@ -20,6 +20,7 @@ from dapo_core.cli import USER_ERRORS
 _REGISTRARS: tuple[str, ...] = (
     "dapo_core.cli",
     "flows.commands",
+    "flows.deploy",
     "db.cli",
     "flows.export",
     "dashboard.cli",

@@ -201,12 +201,10 @@ def preflight(
     address: str | None, resources: Resources, configs: Iterable[Mapping[str, Any]]
 ) -> None:
     """`dapo sweep` / `dapo arm` before anything is written: the worker count against each
-    config; for a GPU run, Ray is joined to learn its GPUs' memory and the plan is checked."""
-    from flows import ray_worker
-
+    config; for a GPU run, the plan is checked against the GPUs' memory of the Ray cluster the
+    caller has joined (ray_worker.connect)."""
     gpu_memory = None
     if resources.gpus > 0:
-        ray_worker.connect(address)
         gpu_memory = gpu_memory_gib(alive_nodes())
     check_arm_plan(configs, resources, gpu_memory)
 

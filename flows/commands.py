@@ -47,7 +47,7 @@ def default_prefect_home() -> Path:
 
 
 def register(subparsers: Any) -> None:
-    """Add `sweep`, `arm`, `serve`, `deploy` and `worker` to the `dapo` dispatcher."""
+    """Add `sweep`, `arm` and `serve` to the `dapo` dispatcher."""
     p = subparsers.add_parser(
         "sweep",
         help="run an ablation ladder (arms × seeds) through Prefect and Ray, then print the table",
@@ -177,10 +177,6 @@ def register(subparsers: Any) -> None:
     store_argument(p)  # the forms' default store: a run whose form names none writes here
     p.set_defaults(func=cmd_serve)
 
-    from flows.deploy import register_pool_commands
-
-    register_pool_commands(subparsers)
-
 
 def _resource_args(
     p: argparse.ArgumentParser, *, default_cpus: float | None, default_gpus: float | None
@@ -264,6 +260,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     ray_worker.probe_if_remote(params.ray_address)
     from flows.cluster import preflight
 
+    if params.resources.gpus > 0:  # the plan needs the cluster's GPU memory
+        ray_worker.connect(params.ray_address)
     preflight(params.ray_address, params.resources, [job.config for job in jobs])
     # The wall time the orchestration line accounts for starts here, Prefect's start included.
     t0 = time.perf_counter()
@@ -334,9 +332,11 @@ def cmd_arm(args: argparse.Namespace) -> int:
     ray_worker.probe_if_remote(p.ray_address)
     from flows.cluster import preflight
 
-    preflight(
-        p.ray_address or sweep_params.ray_address, p.resources or sweep_params.resources, [config]
-    )
+    address = p.ray_address or sweep_params.ray_address
+    resources = p.resources or sweep_params.resources
+    if resources.gpus > 0:  # the plan needs the cluster's GPU memory
+        ray_worker.connect(address)
+    preflight(address, resources, [config])
     start_services(
         p.ray_address or sweep_params.ray_address, p.resources or sweep_params.resources, 1
     )

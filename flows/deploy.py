@@ -313,8 +313,8 @@ where things go:
   Ray                            worker --ray-address, else $RAY_ADDRESS, else a local instance"""
 
 
-def register_pool_commands(subparsers: Any) -> None:
-    """`dapo deploy` and `dapo worker` (called by flows.commands.register)."""
+def register(subparsers: Any) -> None:
+    """Add `deploy` and `worker` to the `dapo` dispatcher (dapo_lab.cli's registrars)."""
     import argparse
 
     from dapo_core.cli import positive_int

@@ -125,8 +125,8 @@ def _load_once_worker(rank: int, init: str, ckpt: str, out: str) -> None:
 def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The plainly loaded model (what one worker trains), its log-probs, and a one-worker
     checkpoint whose weights differ from it (every parameter moved)."""
+    from dapo_core.cache import quiet_progress
     from dapo_core.engines.hf import eos_token_ids
-    from dapo_core.models import quiet_progress
     from dapo_core.train.checkpoint import MODEL_DIR
     from dapo_core.train.policy import LogprobModel
     from dapo_core.train.runner import load_masters

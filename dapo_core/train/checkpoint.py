@@ -184,7 +184,7 @@ def _read_best(root: Path) -> tuple[int, float] | None:
 
 
 def _save_quietly(model: PreTrainedModel, path: Path) -> None:
-    from dapo_core.models import quiet_progress
+    from dapo_core.cache import quiet_progress
 
     with quiet_progress():
         model.save_pretrained(path)

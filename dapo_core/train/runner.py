@@ -559,7 +559,7 @@ def load_checkpoint_policy(
 
     path = ensure_export(ckpt, cfg.model)  # N workers export their last checkpoint only
     dtype = getattr(torch, cfg.model.dtype)  # evaluation runs in the compute dtype
-    from dapo_core.models import quiet_progress
+    from dapo_core.cache import quiet_progress
 
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
