@@ -81,10 +81,10 @@ def swept(arms: list[str], steps: int | None, work: Path) -> tuple[float, dict[s
     wall = time.perf_counter() - t0
     if result.returncode != 0:
         sys.exit(f"dapo sweep failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
-    runs = queries.runs_of_sweep(get_engine(env["DAPO_DB_URL"]), 1)
+    runs = reads.runs_of_sweep(get_engine(env["DAPO_DB_URL"]), 1)
     return wall, dict(zip(runs["arm"], runs["wall_s"].astype(float), strict=True)), result.stdout
 
 

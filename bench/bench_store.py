@@ -7,7 +7,7 @@ Both writers run the same idempotent upsert through the same engine (SQLite: WAL
 FULL; PostgreSQL: the server's defaults, synchronous_commit on), each on one held connection,
 into a fresh SQLite file and a fresh PostgreSQL schema (dropped afterwards). The sink writes a
 whole step (all its metrics) per transaction, as the trainer calls it; the naive writer commits
-every row. The trainer logs 32 scalars per step (dapo_core.metric_names), so that is the
+every row. The trainer logs 32 scalars per step (dapo_common.metric_names), so that is the
 headline step size; 20 (the concurrency test's) is shown too.
 
 "driver ceiling" is the same comparison with SQLAlchemy and the sink taken out (the bare

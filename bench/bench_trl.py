@@ -117,7 +117,7 @@ class _DapoLab:
         self.phases: list[dict[str, float]] = []
 
     def step(self) -> None:
-        from dapo_core import metric_names as M
+        from dapo_common import metric_names as M
 
         t0 = time.perf_counter()
         m = self.trainer.step().metrics

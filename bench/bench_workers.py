@@ -172,7 +172,7 @@ def _worker(rank: int, world: int, init: str, args: dict[str, Any], out: str) ->
 def _run(world: int, args: dict[str, Any]) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
-    from dapo_core.train.distributed import free_port
+    from dapo_common.util import free_port
 
     with tempfile.TemporaryDirectory() as out:
         init = f"tcp://127.0.0.1:{free_port()}"

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from dapo_core import metric_names as M  # noqa: E402
+from dapo_common import metric_names as M  # noqa: E402
 from dapo_core.setup.architectures import Architecture, resolve_architecture  # noqa: E402
 from dapo_core.setup.config import ExperimentConfig  # noqa: E402
 from dapo_core.setup.plan import GIB, MARGIN_ITEMS, Plan, plan_memory  # noqa: E402

@@ -8,27 +8,22 @@ Heavy imports (torch, transformers) happen inside the commands, so `dapo --help`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dapo_common.cli_args import non_negative_int, positive_float, positive_int
+from dapo_common.text import percent, terminal_width
+from dapo_common.util import duration, num
 from dapo_core.setup.config import ENGINES, ExperimentConfig, is_local_path
 from dapo_core.setup.ladders import BUILTIN_LADDERS, expand_grid, paper_ladder, resolve_ladder
 from dapo_core.setup.overrides import parse_grid, parse_sets
 from dapo_core.setup.presets import PRESETS
-
-# What bad input, a missing or unwritable path, or a store that stayed down raise: shown as
-# their one line and exit code 2 (by the dispatcher, and from a Ray actor by the flows).
-USER_ERRORS: tuple[type[Exception], ...] = (
-    ValueError,
-    FileNotFoundError,
-    NotADirectoryError,
-    PermissionError,
-    ConnectionError,
-    TimeoutError,
-)
+from dapo_core.setup.sweep_fields import SWEEP_FIELD, SWEEP_FIELDS, field_overrides
 
 
 def register(subparsers: Any) -> None:
@@ -60,6 +55,12 @@ def register(subparsers: Any) -> None:
         help=f"validate the configs on this preset: {', '.join(PRESETS)} (default tiny)",
     )
     p.add_argument("--toml", action="store_true", help="print the ladder as a ladder file")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="one line per arm, however long (default: fit $COLUMNS, else the terminal, else "
+        "120 characters, wrapping what each arm adds)",
+    )
     p.set_defaults(func=cmd_arms)
 
     p = subparsers.add_parser(
@@ -72,13 +73,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
-    p.add_argument("--steps", type=positive_int, help="rollout steps (run.steps)")
+    add_field_arguments(p, [f.name for f in SWEEP_FIELDS], default_from="the preset")
     p.add_argument("--seed", type=non_negative_int, help="random seed (run.seed)")
-    p.add_argument(
-        "--model", help="`tiny`, a local model directory or a hub name (model.name_or_path)"
-    )
-    p.add_argument("--data", help="training data: a data set name or a .jsonl/.parquet path")
-    p.add_argument("--eval", help="evaluation data: a data set name or a path")
     p.add_argument(
         "--out", type=Path, help="output directory (default runs/<arm>-<preset>-s<seed>-<hash>)"
     )
@@ -109,11 +105,7 @@ def register(subparsers: Any) -> None:
         description="Evaluate a checkpoint: a run directory, its checkpoints/ folder or a step_N folder.",
     )
     p.add_argument("--ckpt", required=True, type=Path, help="checkpoint or run directory")
-    p.add_argument("--eval", help="evaluation data (default: the run's data.eval)")
-    p.add_argument(
-        "--k", type=positive_int, help="samples per problem (default: the run's data.eval_k)"
-    )
-    p.add_argument("--problems", type=non_negative_int, help="first N problems (0: all)")
+    add_field_arguments(p, ["eval_data", "eval_k", "eval_problems"], default_from="the run")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: the run's)")
     p.add_argument(
         "--engine",
@@ -136,9 +128,7 @@ def register(subparsers: Any) -> None:
         "--preset", default="tiny", help=f"base config: {', '.join(PRESETS)} (default tiny)"
     )
     _arm_args(p)
-    p.add_argument(
-        "--model", help="`tiny`, a local model directory or a hub name (model.name_or_path)"
-    )
+    add_field_arguments(p, ["model"], default_from="the preset")
     p.add_argument(
         "--workers",
         type=positive_int,
@@ -175,7 +165,7 @@ def cmd_arms(args: argparse.Namespace) -> int:
         return 0
     if args.ladder or args.grid:
         print(f"{ladder.name}: {len(ladder.arms)} arms, valid on preset {args.preset}")
-    print(ladder.format())
+    print(ladder.format(width=None if args.wide else terminal_width()))
     return 0
 
 
@@ -183,10 +173,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     out = args.out or default_out_dir(cfg)
     _check_model_path(cfg.model.name_or_path)
-    from dapo_core.real_model import check_model
+    from dapo_core.real_model import check_model, needs_chat_template
 
     # Converted, tokenizer files, chat template, vocabulary: one line, before anything is written.
-    check_model(cfg.model.name_or_path, chat=cfg.data.prompt_template == "chat-answer")
+    check_model(cfg.model.name_or_path, chat=needs_chat_template(cfg.data.prompt_template))
     _logging()
 
     import functools
@@ -207,24 +197,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps{on}) -> {out}",
         flush=True,
     )
-    result = launch_local(
-        cfg,
-        out_dir=out,
-        workers=workers,
-        # run.loggers: the trackers beside the run's JSON lines (none: JsonlSink alone).
-        sink_factory=functools.partial(
-            open_with_trackers, functools.partial(JsonlSink, out), cfg.to_dict(), out, tags
-        ),
-        resume=not args.no_resume,
-        progress=None if args.quiet else print_progress,
-    )
+    with _removed_if_left_empty(out):
+        result = launch_local(
+            cfg,
+            out_dir=out,
+            workers=workers,
+            # run.loggers: the trackers beside the run's JSON lines (none: JsonlSink alone).
+            sink_factory=functools.partial(
+                open_with_trackers, functools.partial(JsonlSink, out), cfg.to_dict(), out, tags
+            ),
+            resume=not args.no_resume,
+            progress=None if args.quiet else print_progress,
+        )
     ev = result.final_eval or {}
     print(
         f"done: {result.steps} steps, {result.grad_updates} gradient updates, "
         f"{result.tokens} tokens in {duration(result.wall_s)}; "
         + (
-            f"{ev['dataset']} avg@{ev['k']} {ev['avg_at_k']:.3f} pass@{ev['k']} "
-            f"{ev['pass_at_k']:.3f} cons@{ev['k']} {ev['cons_at_k']:.3f}; "
+            f"{ev['dataset']} avg@{ev['k']} {percent(ev['avg_at_k'])} pass@{ev['k']} "
+            f"{percent(ev['pass_at_k'])} cons@{ev['k']} {percent(ev['cons_at_k'])}; "
             if ev
             else ""
         )
@@ -234,22 +225,40 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _removed_if_left_empty(out: Path) -> Iterator[None]:
+    """A run that fails before it writes anything (a data set that does not exist, a model that
+    does not load) leaves no directory behind: the directories this run made for `out` (it
+    and any parents that were not there), removed only while empty, deepest first."""
+    made = [d for d in (out, *out.parents) if not d.exists()]
+    try:
+        yield
+    except BaseException:
+        for directory in made:  # deepest first; rmdir refuses one with anything in it
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from dapo_core.train.checkpoint import load_checkpoint_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(args.ckpt)
-    overrides: dict[str, Any] = {}
-    if args.eval:
-        overrides["data.eval"] = args.eval
-    if args.k:
-        overrides["data.eval_k"] = args.k
-    if args.problems is not None:
-        overrides["data.eval_problems"] = args.problems
+    overrides = field_overrides(args)
     if args.device:
         overrides["run.device"] = args.device
     if getattr(args, "engine", None):
         overrides["rollout.engine"] = args.engine
     cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(overrides)
+    from dapo_core.real_model import check_checkpoint, needs_chat_template
+
+    # The same model check as `dapo train` and `dapo sweep`, on what this command loads (the
+    # checkpoint's export): one line, before a 500 MB model is read.
+    check_checkpoint(
+        ckpt, cfg.model.name_or_path, chat=needs_chat_template(cfg.data.prompt_template)
+    )
     _logging()
 
     from dapo_core.train.runner import evaluate_checkpoint
@@ -295,17 +304,32 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     args.arm = args.arm or ladder.arms[-1].name
     ladder.arm(args.arm)  # an unknown arm is the first error, ahead of a bad --set
     overrides = parse_sets(ExperimentConfig, args.set)
-    for flag, key in (
-        ("steps", "run.steps"),
-        ("seed", "run.seed"),
-        ("model", "model.name_or_path"),
-        ("data", "data.train"),
-        ("eval", "data.eval"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides[key] = value
+    # The named flags win over --set; each command has those of the table it added (a missing
+    # one is not given), and `dapo train` a seed.
+    overrides.update(field_overrides(args))
+    if getattr(args, "seed", None) is not None:
+        overrides["run.seed"] = args.seed
     return ladder.config(args.arm, args.preset, overrides)
+
+
+def add_field_arguments(p: argparse.ArgumentParser, names: list[str], *, default_from: str) -> None:
+    """One flag per named row of dapo_core/setup/sweep_fields.py, spelled after the field
+    (`--train-data` stores `args.train_data`, the config's data.train) so that a command line
+    reads like the Prefect form; `default_from` says whose value a flag left out keeps ("the
+    preset", "the run"). The row's older spellings (`--data`, `--k`) are accepted too, and
+    left out of --help so that it teaches one name."""
+    for name in names:
+        row = SWEEP_FIELD[name]
+        # An int row is a count (minimum 1) or a number of items (minimum 0, meaning all); the
+        # argparse types refuse anything less in one line.
+        kind: Any = str
+        if row.type is int:
+            kind = positive_int if row.minimum == 1 else non_negative_int
+        p.add_argument(
+            row.flag, dest=row.name, type=kind, metavar=row.metavar, help=row.describe(default_from)
+        )
+        for alias in row.aliases:
+            p.add_argument(alias, dest=row.name, type=kind, help=argparse.SUPPRESS)
 
 
 def default_out_dir(cfg: ExperimentConfig) -> Path:
@@ -318,71 +342,10 @@ def _check_model_path(name: str) -> None:
         raise FileNotFoundError(f"model path {name} does not exist")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1, else one clear error line."""
-    value = integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    value = integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    value = number(text)
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a number >= 0."""
-    value = number(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number")
-    return value
-
-
-def integer(text: str) -> int:
-    """argparse type: an integer (the message names the text, not a Python exception)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def number(text: str) -> float:
-    """argparse type: a number (the message names the text, not a Python exception)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
 # --- output ------------------------------------------------------------------------------------
 def _logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)
-
-
-def duration(seconds: float | None) -> str:
-    """`H:MM:SS`; "-" when unknown (None or NaN)."""
-    if seconds is None or seconds != seconds:
-        return "-"
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def num(x: Any, fmt: str) -> str:
-    """`x` formatted with `fmt`; "-" when unknown (None or NaN)."""
-    return "-" if x is None or x != x else format(x, fmt)
 
 
 def print_progress(p: dict[str, Any]) -> None:
@@ -390,7 +353,7 @@ def print_progress(p: dict[str, Any]) -> None:
     workers = int(p.get("workers", 1))
     line = (
         f"step {p['step']}/{p['steps']}  reward {num(p['reward'], '+.3f')}"
-        f"  acc {num(p['acc'], '.3f')}  entropy {num(p['entropy'], '.3f')}"
+        f"  acc {percent(p['acc'])}  entropy {num(p['entropy'], '.3f')}"
         f"  length {num(p['response_length'], '.1f')}"
         f"  {num(p['tokens_per_s'], '.0f')} tok/s  ETA {duration(p['eta_s'])}"
         + (f"  [{workers} workers]" if workers > 1 else "")

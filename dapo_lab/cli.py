@@ -14,12 +14,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from dapo_core.cli import USER_ERRORS
+from dapo_common.cli_args import USER_ERRORS
+from dapo_common.util import first_line
 
 # (module, what it provides) in the order `dapo --help` lists them.
 _REGISTRARS: tuple[str, ...] = (
     "dapo_core.cli",
+    "dapo_core.config_cli",
     "flows.commands",
+    "flows.sweep_rm",  # after flows.commands: `rm` is an action of its `sweep` parser
     "flows.deploy",
     "db.cli",
     "flows.export",
@@ -70,8 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as exc:
         if os.environ.get("DAPO_DEBUG"):
             raise
-        from db.errors import first_line
-
         print(f"error: {first_line(exc)}", file=sys.stderr)
         return 2
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import streamlit as st
 
-from db.errors import first_line
+from dapo_common.util import first_line
 
 VIEWS = Path(__file__).parent / "views"
 

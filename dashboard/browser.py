@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,8 @@ import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+from dapo_common.util import free_port
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (
@@ -50,13 +51,6 @@ POLL_S = 0.2  # how often a waiting loop looks again (the wait itself is for a c
 def find_browser() -> str | None:
     """The first Chromium-family browser on PATH, or None."""
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
-
-
-def free_port() -> int:
-    # Not flows.local_server's: the dashboard imports nothing from flows but its parameters.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until_healthy(port: int, server: subprocess.Popen[bytes], deadline_s: float) -> None:

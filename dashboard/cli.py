@@ -1,20 +1,29 @@
 """`dapo dashboard`: serve the Streamlit app against a store.
 
-The store is checked (and migrated) here first, so that a bad URL ends with one line in the
-terminal instead of an error page in the browser.
+The port and the store are checked (and the store migrated) here first, so that a busy port or
+a bad URL ends with one line in the terminal instead of an error page in the browser. Streamlit
+runs as this command's child: SIGTERM or SIGHUP to `dapo dashboard` (a service manager, a
+closed terminal) stops it too, instead of leaving it serving with no parent.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 APP = Path(__file__).with_name("app.py")
+STOP_GRACE_S = 10.0  # how long Streamlit gets to stop on SIGTERM before it is killed
 
 
 def register(subparsers: Any) -> None:
@@ -60,19 +69,85 @@ def streamlit_env(url: str, environ: Mapping[str, str] | None = None) -> dict[st
     return {**(os.environ if environ is None else environ), "DAPO_DB_URL": url}
 
 
+def check_port(host: str, port: int) -> None:
+    """ValueError in one line when Streamlit could not listen on (host, port): another
+    dashboard (or anything) holds it, or the address is not this machine's. Streamlit would
+    otherwise say so in a page of its own log and exit, after the store was opened."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise ValueError(f"--host {host}: not an address to serve on ({error})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As Streamlit's server binds: SO_REUSEADDR, so a port left in TIME_WAIT by a dashboard
+        # that just stopped is free, and one that something listens on is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ValueError(
+                    f"port {port} on {host} is in use (another dashboard?): stop it, or pick "
+                    "another with --port"
+                ) from None
+            raise ValueError(f"cannot serve on {host}:{port}: {error.strerror or error}") from None
+
+
+@contextlib.contextmanager
+def _stopping_child_on(child: subprocess.Popen[bytes], *signals: int) -> Iterator[list[int]]:
+    """While the block runs, each of `signals` is passed on to `child` as SIGTERM and noted in
+    the list the block gets (the first one is this command's exit code). The handler only
+    signals: waiting is the caller's loop, since a handler that waited inside the caller's
+    own Popen.wait would wait on itself."""
+    received: list[int] = []
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.terminate()
+
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait_for(child: subprocess.Popen[bytes], stopping: list[int]) -> int:
+    """The child's exit code; once asked to stop (a signal, Ctrl+C), it gets STOP_GRACE_S to
+    exit before it is killed."""
+    deadline: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if stopping and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                child.kill()
+        except KeyboardInterrupt:
+            # Ctrl+C reached Streamlit too (one process group): it is stopping by itself.
+            stopping.append(signal.SIGINT)
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
-    """Check the store, then run Streamlit in the foreground until interrupted."""
+    """Check the port and the store, then run Streamlit in the foreground until interrupted."""
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
+    check_port(args.host, args.port)
     from db import engine as db_engine
 
     url = db_engine.resolve_url(args.store)
     db_engine.get_engine(url)  # ValueError / ConnectionError with one clear line if unusable
     print(f"DAPO Lab dashboard: http://{args.host}:{args.port}  (store: {db_engine.safe_url(url)})")
     print("Press Ctrl+C to stop.", flush=True)
-    try:
-        return subprocess.call(
-            streamlit_command(port=args.port, host=args.host), env=streamlit_env(url)
-        )
-    except KeyboardInterrupt:
-        return 0
+    child = subprocess.Popen(
+        streamlit_command(port=args.port, host=args.host), env=streamlit_env(url)
+    )
+    with _stopping_child_on(child, signal.SIGTERM, signal.SIGHUP) as stopping:
+        code = _wait_for(child, stopping)
+    if not stopping:
+        return code
+    # Ctrl+C is how a user stops it (exit 0); a signal from elsewhere keeps its usual code.
+    return 0 if stopping[0] == signal.SIGINT else 128 + stopping[0]

@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-# one flattening for the run page's diff and the mechanism table's `changes`
-from db.mechanisms import flatten
+# one flattening for the run page's diff, the mechanism table's `changes` and the trainer's
+from dapo_common.util import flatten
 
 ABSENT = "(absent)"
 

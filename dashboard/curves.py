@@ -1,6 +1,6 @@
 """Training curves: join an x-axis, smooth, and fold seeds into a band, then draw with altair.
 
-Input is db.queries.metric_curves' (or evaluation_curves') long frame (run_id, arm, seed, step,
+Input is db.reads.metric_curves' (or evaluation_curves') long frame (run_id, arm, seed, step,
 name, value). Seeds of one arm are aligned by rollout step (every seed logs every step and
 evaluates at the same steps), so the band at a step is over the seeds' values there, and its x
 is the seeds' mean x (tokens differ a little between seeds). The band is the 95% t-interval of
@@ -97,7 +97,7 @@ def seed_band(curves: pd.DataFrame) -> pd.DataFrame:
 def eval_band(evals: pd.DataFrame, counters: pd.DataFrame, x_metric: str | None) -> pd.DataFrame:
     """The held-out score's seed band against an x-axis.
 
-    `evals` is db.queries.evaluation_curves (step 0 is the starting model); `counters` the
+    `evals` is db.reads.evaluation_curves (step 0 is the starting model); `counters` the
     runs' progress counters (metric_curves). The x of an evaluation at step s is the counter
     logged at (run, s); at step 0 it is 0 on every axis (no update, no token yet).
     """

@@ -1,6 +1,6 @@
 """Data shaping and the chart of the Grid page: a score or a metric against a swept value.
 
-Input is db.queries.grid_table (one row per grid arm: its point {key: value}, the final score's
+Input is db.grids.grid_table (one row per grid arm: its point {key: value}, the final score's
 and optionally a metric's stats.Estimate). With one swept key the chart is one line; with more,
 one line per combination of the other keys' values (the "series"). Every point carries its 95%
 t-interval over seeds as a whisker (none for one seed); the base arm is drawn as a diamond.

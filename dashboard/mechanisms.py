@@ -1,4 +1,4 @@
-"""Data shaping for the Mechanisms page: db.queries.mechanism_table in, display frames out.
+"""Data shaping for the Mechanisms page: db.mechanism_table.mechanism_table in, display frames out.
 
 The cells are db.mechanisms' text (the same strings `render` prints for scripts and the README);
 the dashboard adds the highlight: each arm's focus metrics (what its change is about, from its

@@ -4,13 +4,19 @@ Plain functions with a timeout that never raise: every failure (no server config
 down, deployment not served) comes back as a RerunResult with one line a user can act on.
 Prefect is imported lazily so that pages which never rerun anything stay fast to load; the
 parameters are the arm flow's own model (flows.params), so the form and the button agree.
+
+A rerun is asked for twice before it happens (the button, then a confirmation that says what
+the new attempt will do: `describe_rerun`), and each confirmation carries an idempotency key
+(`idempotency_key`) that Prefect keeps with the flow run: a double click, or a page rerun that
+repeats the request, gets the same flow run back instead of a second one training beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +95,52 @@ def rerun_parameters(sweep_id: int, arm: str, seed: int) -> dict[str, Any]:
     return params.model_dump(mode="json", exclude_unset=True)
 
 
+def new_token() -> str:
+    """A fresh token for one confirmation of a rerun (see idempotency_key)."""
+    return uuid.uuid4().hex
+
+
+def idempotency_key(sweep_id: int, arm: str, seed: int, token: str) -> str:
+    """The key Prefect keeps with the flow run of one confirmed rerun: the same (sweep, arm,
+    seed, token) always gets the same flow run of the deployment back, never a second one.
+    The token is drawn when the confirmation opens, so a later, deliberate rerun is new."""
+    return f"dapo-rerun/sweep-{int(sweep_id)}/{arm}/seed-{int(seed)}/{token}"
+
+
+def describe_rerun(
+    attempts: Sequence[Mapping[str, Any]], sweep_id: int, arm: str, seed: int
+) -> str:
+    """What a rerun of (arm, seed) will do, in words, from its attempts in the store (rows with
+    run_id, attempt, status, steps, checkpoint_dir; any order). The arm flow decides for real
+    (flows.plan.decide_arm); this says the same from what the dashboard can see: a resume
+    needs the latest attempt unfinished with a checkpoint (the checkpoint is at or before the
+    last step it recorded; a changed config starts over instead)."""
+    what = f"arm {arm!r}, seed {seed} of sweep {sweep_id}"
+    if not attempts:
+        return f"A first attempt of {what}, from step 0."
+    latest = max(attempts, key=lambda row: (int(row["attempt"]), int(row["run_id"])))
+    run, status = int(latest["run_id"]), str(latest["status"])
+    new = f"A new attempt (attempt {int(latest['attempt']) + 1}) of {what}"
+    steps = latest.get("steps")
+    steps = int(steps) if steps is not None and steps == steps else 0
+    if status == "completed":
+        return (
+            f"{new}: run {run} completed, so the forced rerun starts over from step 0 in a new "
+            f"directory; run {run} and its results stay in the store."
+        )
+    if latest.get("checkpoint_dir") and steps > 0:
+        still = (
+            f" Run {run} is marked running: if it is still training, the rerun is refused."
+            if status == "running"
+            else ""
+        )
+        return (
+            f"{new} that resumes run {run} ({status}) from its last checkpoint, at step "
+            f"{steps} or the checkpoint before it (from step 0 if it left none).{still}"
+        )
+    return f"{new}: run {run} ({status}) left no checkpoint, so it starts over from step 0."
+
+
 def _default_factory(api_url: str) -> Any:
     """prefect's get_client() pointed at `api_url`: without an explicit URL it would start an
     ephemeral in-process server, which no worker serves, so a rerun there would never run."""
@@ -150,9 +202,12 @@ def request_rerun(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client_factory: ClientFactory | None = None,
     environ: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
 ) -> RerunResult:
     """Create a flow run of the arm deployment that retrains (sweep, arm, seed) with force=True.
 
+    `idempotency_key`: Prefect returns the flow run already created with this key for the
+    deployment instead of creating another (a repeated request is the same rerun).
     Never raises: without PREFECT_API_URL, or when the server is down or the deployment is not
     served, the result says so in one line.
     """
@@ -166,7 +221,10 @@ def request_rerun(
 
     async def work(client: Any) -> Any:
         deployment = await client.read_deployment_by_name(DEPLOYMENT)
-        return await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+        once = {"idempotency_key": idempotency_key} if idempotency_key else {}
+        return await client.create_flow_run_from_deployment(
+            deployment.id, parameters=parameters, **once
+        )
 
     flow_run, problem = _run_with_timeout(
         work, client_factory or _default_factory, api_url, timeout_s

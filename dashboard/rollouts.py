@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-# Keyword arguments of db.queries.samples for each filter of the page.
+# Keyword arguments of db.reads.samples for each filter of the page.
 FILTERS: dict[str, dict[str, Any]] = {
     "All": {},
     "Correct": {"correct": True},

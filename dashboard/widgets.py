@@ -12,10 +12,10 @@ import pandas as pd
 import sqlalchemy as sa
 import streamlit as st
 
+from dapo_common.util import first_line
 from dashboard import rerun, source
 from dashboard.shaping import status_badge
-from db import queries
-from db.errors import first_line
+from db import ablation, reads
 
 REFRESH_S = 5.0  # live refresh period of the sweep list and the ablation table
 
@@ -78,7 +78,7 @@ def pick_sweep(
     Without a sweep in the URL, `preferred` (else the newest sweep) is selected. Returns None,
     after telling the user, when the store has no sweeps.
     """
-    sweeps = queries.list_sweeps(engine)
+    sweeps = ablation.list_sweeps(engine)
     if sweeps.empty:
         st.info(NO_SWEEPS)
         return None
@@ -120,14 +120,14 @@ def pick_run(
     wanted_sweep: int | None = None
     if wanted is not None:
         try:
-            wanted_sweep = queries.run_details(engine, wanted)["sweep_id"]
+            wanted_sweep = reads.run_details(engine, wanted)["sweep_id"]
         except ValueError:
             st.warning(f"No run with id {wanted}; pick one below.")
             wanted = None
     sweep_id = pick_sweep(engine, key=f"{key}-sweep", param=None, preferred=wanted_sweep)
     if sweep_id is None:
         return None
-    runs = queries.runs_of_sweep(engine, sweep_id)
+    runs = reads.runs_of_sweep(engine, sweep_id)
     if runs.empty:
         st.info(f"Sweep {sweep_id} has no runs yet.")
         return None
@@ -149,7 +149,7 @@ def pick_run(
 
 
 def _ladder_rank(engine: sa.Engine, sweep_id: int) -> dict[str, int]:
-    table = queries.ablation_table(engine, sweep_id)
+    table = ablation.ablation_table(engine, sweep_id)
     return {str(arm): i for i, arm in enumerate(table["arm"])}
 
 
@@ -163,25 +163,81 @@ def show_flow_run_link(flow_run_id: str | None) -> None:
         st.caption("No Prefect flow run recorded for this run.")
 
 
-def rerun_box(sweep_id: int, arm: str, seed: int, *, key: str) -> None:
-    """The "rerun this arm" button and what came of the last request (state, link)."""
-    state_key = f"{key}-result"
-    if st.button(f"Rerun {arm} (seed {seed})", key=key, icon=":material/replay:"):
-        with st.spinner("Asking Prefect for a flow run ..."):
-            st.session_state[state_key] = rerun.request_rerun(sweep_id, arm, seed)
-    result: Any = st.session_state.get(state_key)
-    if result is None:
-        st.caption(
-            f"Creates a flow run of the Prefect deployment `{rerun.DEPLOYMENT}` with "
-            f"force=True; the table updates in place as the run reports."
-        )
+def rerun_box(
+    sweep_id: int, arm: str, seed: int, *, key: str, engine: sa.Engine | None = None
+) -> None:
+    """The "rerun this arm" button, its confirmation and what came of the last request.
+
+    The button only opens a confirmation that says what the rerun will do (rerun.describe_rerun:
+    a new attempt, resumed from step k or started over). Confirming sends one request with the
+    idempotency key drawn when the confirmation opened, so a double click, or the page running
+    again before the answer is drawn, gets the same flow run back from Prefect, not a second."""
+    pending_key, result_key = f"{key}-pending", f"{key}-result"
+    target = (int(sweep_id), str(arm), int(seed))
+    pending = st.session_state.get(pending_key)
+    if pending is not None and pending["target"] != target:  # another arm picked meanwhile
+        pending = st.session_state[pending_key] = None
+    # The button is drawn only while nothing is pending: it opens the confirmation.
+    if pending is None and st.button(
+        f"Rerun {arm} (seed {seed}) …", key=key, icon=":material/replay:"
+    ):
+        pending = {"target": target, "token": rerun.new_token()}
+        st.session_state[pending_key] = pending
+        st.session_state.pop(result_key, None)  # the last rerun's answer is not this one's
+    if pending is not None:
+        _confirm_rerun(engine, target, pending, key=key, pending_key=pending_key)
+    result: Any = st.session_state.get(result_key)
+    if result is None or result.get("target") != target:
+        if pending is None:
+            st.caption(
+                f"Asks for a confirmation, then creates a flow run of the Prefect deployment "
+                f"`{rerun.DEPLOYMENT}` with force=True; the table updates in place as the run "
+                "reports."
+            )
         return
-    if not result.ok:
-        st.warning(result.message)
+    answer: rerun.RerunResult = result["answer"]
+    if not answer.ok:
+        st.warning(answer.message)
         return
-    st.success(result.message)
-    if result.url:
-        st.markdown(f"[Open the flow run in Prefect]({result.url})")
-    if st.button("Refresh its state", key=f"{key}-state") and result.flow_run_id:
-        fresh = rerun.flow_run_state(result.flow_run_id)
+    st.success(answer.message)
+    if answer.url:
+        st.markdown(f"[Open the flow run in Prefect]({answer.url})")
+    if st.button("Refresh its state", key=f"{key}-state") and answer.flow_run_id:
+        fresh = rerun.flow_run_state(answer.flow_run_id)
         (st.info if fresh.ok else st.warning)(fresh.message)
+
+
+def _confirm_rerun(
+    engine: sa.Engine | None,
+    target: tuple[int, str, int],
+    pending: dict[str, Any],
+    *,
+    key: str,
+    pending_key: str,
+) -> None:
+    """The confirmation: what will happen, then Confirm (one request, keyed) or Cancel."""
+    sweep_id, arm, seed = target
+    engine = engine if engine is not None else source.open_engine(source.store_url())
+    runs = reads.runs_of_sweep(engine, sweep_id)
+    mine = runs[(runs["arm"] == arm) & (runs["seed"] == seed)] if not runs.empty else runs
+    plan = rerun.describe_rerun(mine.to_dict("records"), sweep_id, arm, seed)
+    st.info(f"**Rerun {arm}, seed {seed}?** {plan}", icon=":material/help:")
+    confirm, cancel = st.columns(2)
+    if cancel.button("Cancel", key=f"{key}-cancel"):
+        st.session_state[pending_key] = None
+        st.rerun()
+    if confirm.button("Confirm rerun", key=f"{key}-confirm", type="primary"):
+        with st.spinner("Asking Prefect for a flow run ..."):
+            answer = rerun.request_rerun(
+                sweep_id,
+                arm,
+                seed,
+                idempotency_key=rerun.idempotency_key(sweep_id, arm, seed, pending["token"]),
+            )
+        st.session_state[f"{key}-result"] = {"target": target, "answer": answer}
+        # Only a request that reached Prefect closes the confirmation: after a failure (no
+        # server, a timeout) Confirm asks again with the same key, so if the first did create
+        # a flow run after all, Prefect hands that one back.
+        if answer.ok:
+            st.session_state[pending_key] = None
+        st.rerun()

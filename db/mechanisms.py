@@ -2,7 +2,7 @@
 
 The ablation table says whether an arm helped; this says whether its mechanism did anything.
 Clip-Higher that never reaches its upper bound, or a soft overlong penalty that never fires,
-explains a flat Δ better than any seed spread. Input is db.queries.mechanism_table (one row per
+explains a flat Δ better than any seed spread. Input is db.mechanism_table (one row per
 arm × metric: per-seed means over the first and last `window` rollout steps, their mean over
 seeds with a 95% t-interval, the paired Δ to the parent arm); this module holds what the rows
 are about and renders them as text, Markdown or CSV for `scripts/`, the README and the dashboard.
@@ -11,8 +11,7 @@ Which metric an arm is about comes from what its change sets, never from its nam
 config keys in which its runs' stored config differs from its parent's (a grid's base arm, which
 has no parent, from its swept keys), looked up in FOCUS.
 
-Metric names are written out here because db/ does not import dapo_core (no torch in the store
-layer); tests/test_db_queries.py pins each one to dapo_core.metric_names, the source of truth.
+Metric names are dapo_common.metric_names' constants, the ones the trainer logs under.
 """
 
 from __future__ import annotations
@@ -23,6 +22,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dapo_common import metric_names as M
+from dapo_common.text import fit, hidden_note, terminal_width, wrapped
+from dapo_common.util import flatten
 from db import stats
 
 # The table's own aligned-text and Markdown writers: one look for both tables.
@@ -40,47 +42,35 @@ from db.table_format import (
 if TYPE_CHECKING:  # pandas is imported by the caller
     import pandas as pd
 
-# --- the metrics (pinned to dapo_core.metric_names by a test) ---------------------------------
-TRUNCATED = "response_length/clip_ratio"  # fraction of responses cut at the length limit
-OVERLONG_PENALTY = "reward/overlong_penalty_mean"  # mean soft overlong penalty (<= 0)
-CLIP_HIGH = "clip_ratio/high"  # fraction of tokens at 1 + ε_high (A > 0)
-CLIP_LOW = "clip_ratio/low"  # fraction of tokens at 1 − ε_low (A < 0)
-ENTROPY = "entropy/mean"
-LONG_SHARE = "loss/long_share"  # loss weight of the longer half of responses (new: may be absent)
-TRUNCATED_SHARE = "loss/truncated_share"  # loss weight of truncated responses (new: may be absent)
-KEPT_GROUPS = "sampling/kept_groups"  # fraction of generated groups that were informative
-TRAIN_INFORMATIVE = "sampling/train_informative"  # ... of the training batch's groups
-GEN_BATCHES = "sampling/gen_batches"  # generation batches per step
-LENGTH = "response_length/mean"
-ACC = "acc/mean"
-
+# --- the metrics -----------------------------------------------------------------------------
+# loss/long_share and loss/truncated_share are newer than some stored runs: they may be absent.
 DEFAULT_METRICS: tuple[str, ...] = (
-    TRUNCATED,
-    TRUNCATED_SHARE,
-    OVERLONG_PENALTY,
-    CLIP_HIGH,
-    CLIP_LOW,
-    ENTROPY,
-    LONG_SHARE,
-    KEPT_GROUPS,
-    TRAIN_INFORMATIVE,
-    GEN_BATCHES,
-    LENGTH,
-    ACC,
+    M.RESPONSE_CLIP_RATIO,
+    M.LOSS_TRUNCATED_SHARE,
+    M.OVERLONG_PENALTY_MEAN,
+    M.CLIP_RATIO_HIGH,
+    M.CLIP_RATIO_LOW,
+    M.ENTROPY_MEAN,
+    M.LOSS_LONG_SHARE,
+    M.KEPT_GROUPS,
+    M.TRAIN_INFORMATIVE,
+    M.GEN_BATCHES,
+    M.RESPONSE_LENGTH_MEAN,
+    M.ACC_MEAN,
 )
 # Fractions, shown in percent (their Δ in percentage points); every other metric in its own
 # unit (entropy in nats, lengths in tokens, the penalty in reward units, batches as a count).
 PERCENT: frozenset[str] = frozenset(
     {
-        TRUNCATED,
-        TRUNCATED_SHARE,
-        CLIP_HIGH,
-        CLIP_LOW,
-        LONG_SHARE,
-        KEPT_GROUPS,
-        TRAIN_INFORMATIVE,
-        ACC,
-        "clip_ratio/dual",
+        M.RESPONSE_CLIP_RATIO,
+        M.LOSS_TRUNCATED_SHARE,
+        M.CLIP_RATIO_HIGH,
+        M.CLIP_RATIO_LOW,
+        M.LOSS_LONG_SHARE,
+        M.KEPT_GROUPS,
+        M.TRAIN_INFORMATIVE,
+        M.ACC_MEAN,
+        M.CLIP_RATIO_DUAL,
     }
 )
 
@@ -89,42 +79,33 @@ PERCENT: frozenset[str] = frozenset(
 FOCUS: dict[str, tuple[str, ...]] = {
     # overlong filtering masks truncated samples: their share of the loss falls to 0; and how
     # many there are
-    "algo.overlong_filter": (TRUNCATED_SHARE, TRUNCATED),
+    "algo.overlong_filter": (M.LOSS_TRUNCATED_SHARE, M.RESPONSE_CLIP_RATIO),
     # Clip-Higher leaves room at the upper bound so low-probability tokens can grow: tokens at
     # the bound and entropy (the paper's Figure 2: entropy no longer collapses)
-    "algo.clip_high": (CLIP_HIGH, ENTROPY),
-    "algo.clip_low": (CLIP_LOW, ENTROPY),
-    "algo.clip_c": ("clip_ratio/dual",),
+    "algo.clip_high": (M.CLIP_RATIO_HIGH, M.ENTROPY_MEAN),
+    "algo.clip_low": (M.CLIP_RATIO_LOW, M.ENTROPY_MEAN),
+    "algo.clip_c": (M.CLIP_RATIO_DUAL,),
     # soft overlong punishment (Eq. 13): the penalty paid and the truncation it discourages
-    "algo.overlong_penalty": (OVERLONG_PENALTY, TRUNCATED),
-    "algo.overlong_cache_len": (OVERLONG_PENALTY, TRUNCATED),
-    "algo.overlong_penalty_factor": (OVERLONG_PENALTY, TRUNCATED),
-    "rollout.max_response_len": (TRUNCATED, LENGTH),
+    "algo.overlong_penalty": (M.OVERLONG_PENALTY_MEAN, M.RESPONSE_CLIP_RATIO),
+    "algo.overlong_cache_len": (M.OVERLONG_PENALTY_MEAN, M.RESPONSE_CLIP_RATIO),
+    "algo.overlong_penalty_factor": (M.OVERLONG_PENALTY_MEAN, M.RESPONSE_CLIP_RATIO),
+    "rollout.max_response_len": (M.RESPONSE_CLIP_RATIO, M.RESPONSE_LENGTH_MEAN),
     # the token-level loss (Eq. 12) gives long responses their tokens' weight
-    "algo.loss_agg": (LONG_SHARE,),
+    "algo.loss_agg": (M.LOSS_LONG_SHARE,),
     # dynamic sampling trains on informative groups only and generates until the batch is full
-    "algo.dynamic_sampling": (TRAIN_INFORMATIVE, GEN_BATCHES),
-    "algo.max_gen_batches": (GEN_BATCHES, TRAIN_INFORMATIVE),
-    "algo.entropy_coef": (ENTROPY,),
-    "algo.rollout_correction": ("mismatch/is_masked",),
-    "algo.rollout_is_cap": ("mismatch/is_masked",),
+    "algo.dynamic_sampling": (M.TRAIN_INFORMATIVE, M.GEN_BATCHES),
+    "algo.max_gen_batches": (M.GEN_BATCHES, M.TRAIN_INFORMATIVE),
+    "algo.entropy_coef": (M.ENTROPY_MEAN,),
+    "algo.rollout_correction": (M.IS_MASKED_FRAC,),
+    "algo.rollout_is_cap": (M.IS_MASKED_FRAC,),
 }
 FOCUS_MARK = "◆"  # before a metric the arm's change is about
+# Said once under a table whose one-seed values are bare numbers (table_format's, without its n
+# column: here a value without an interval is the one-seed one).
+SINGLE_NOTE = "n=1: no intervals (a value without one is over one seed)"
 
 
 # --- what an arm changes ----------------------------------------------------------------------
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"algo": {"clip_high": 0.28}} -> {"algo.clip_high": 0.28}; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, prefix=f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def config_changes(
@@ -174,15 +155,27 @@ def _decimals(value: float) -> int:
     return min(4, max(0, 2 - math.floor(math.log10(abs(value)))))
 
 
-def value_text(estimate: stats.Estimate | None, metric: str, *, signed: bool = False) -> str:
+def value_text(
+    estimate: stats.Estimate | None,
+    metric: str,
+    *,
+    signed: bool = False,
+    bare_single: bool = False,
+) -> str:
     """table_format.estimate_text in the metric's own unit and precision: '13.5 [7.1, 19.9]',
-    ' *' on a difference whose interval excludes 0, '(n=1, no interval)', '—'."""
+    ' *' on a difference whose interval excludes 0, '(n=1, no interval)' (bare with
+    `bare_single`), '—'."""
     if estimate is None or estimate.n == 0 or _missing(estimate.mean):
         return MISSING
     k = scale(metric)
     places = _decimals(k * estimate.mean)
     sign = "+" if signed else ""
-    return estimate_text(estimate, signed=signed, number=lambda x: f"{k * x:{sign}.{places}f}")
+    return estimate_text(
+        estimate,
+        signed=signed,
+        number=lambda x: f"{k * x:{sign}.{places}f}",
+        bare_single=bare_single,
+    )
 
 
 def metric_label(metric: str) -> str:
@@ -195,11 +188,14 @@ def window_of(table: pd.DataFrame) -> int:
     return int(table["window"].iloc[0]) if len(table) else 0
 
 
-def mechanism_records(table: pd.DataFrame, *, focus_only: bool = False) -> list[dict[str, str]]:
+def mechanism_records(
+    table: pd.DataFrame, *, focus_only: bool = False, bare_single: bool = False
+) -> list[dict[str, str]]:
     """One dict of display strings per (arm, metric), in the table's order. `focus_only`
     keeps the metrics each arm's change is about (its signature); an arm that changes keys
     no metric is about shows one row saying so, and an arm that changes nothing (the base)
-    none."""
+    none. `bare_single`: one-seed values without '(n=1, no interval)' (the table says
+    SINGLE_NOTE once)."""
     w = window_of(table)
     records: list[dict[str, str]] = []
     shown_arms: set[str] = set()
@@ -212,26 +208,31 @@ def mechanism_records(table: pd.DataFrame, *, focus_only: bool = False) -> list[
                 records.append(_record(row, w, metric=f"(none for {', '.join(changes)})"))
             continue
         shown_arms.add(arm)
-        records.append(_record(row, w))
+        records.append(_record(row, w, bare_single=bare_single))
     return records
 
 
-def _record(row: Mapping[str, Any], w: int, metric: str | None = None) -> dict[str, str]:
+def _record(
+    row: Mapping[str, Any], w: int, metric: str | None = None, *, bare_single: bool = False
+) -> dict[str, str]:
     """One row's cells; `metric` replaces the metric's (and empties the numbers) when given."""
     name = str(row["metric"])
     empty = metric is not None
     label = (f"{FOCUS_MARK} " if row["focus"] else "") + metric_label(name)
+
+    def cell(column: str, signed: bool = False) -> str:
+        if empty:
+            return MISSING
+        return value_text(row[column], name, signed=signed, bare_single=bare_single)
+
     return {
         "arm": str(row["arm"]),
         "parent": MISSING if _missing(row["parent"]) else str(row["parent"]),
         "changes": ", ".join(row["changes"] or ()) or MISSING,
         "metric": metric if metric is not None else label,
-        f"first {w}": MISSING if empty else value_text(row["first"], name),
-        f"last {w}": MISSING if empty else value_text(row["last"], name),
-        **{
-            label: MISSING if empty else value_text(row[delta], name, signed=True)
-            for delta, label in delta_labels(w).items()
-        },
+        f"first {w}": cell("first"),
+        f"last {w}": cell("last"),
+        **{label: cell(delta, signed=True) for delta, label in delta_labels(w).items()},
     }
 
 
@@ -307,16 +308,41 @@ def _csv(table: pd.DataFrame) -> str:
     return buffer.getvalue()
 
 
-def render(table: pd.DataFrame, fmt: str = "text", *, focus_only: bool = False) -> str:
+def _single(table: pd.DataFrame) -> bool:
+    """Whether some value of the table is over one seed (so it shows no interval)."""
+    rows = table.to_dict("records")
+    return any(getattr(row[name], "n", 0) == 1 for row in rows for name in ESTIMATES)
+
+
+def render(
+    table: pd.DataFrame,
+    fmt: str = "text",
+    *,
+    focus_only: bool = False,
+    width: int | None = None,
+    wide: bool = False,
+) -> str:
     """The mechanism table as text (aligned columns), Markdown or CSV; text and Markdown carry
-    the caption. `focus_only`: only the metrics each arm's change is about."""
+    the caption. `focus_only`: only the metrics each arm's change is about. Text fits `width`
+    columns (default: dapo_common.text.terminal_width(); `wide`: no limit), hiding the parent,
+    the changes and the first-window columns first; a one-seed value is bare, with
+    SINGLE_NOTE said once under the table."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "csv":
         return _csv(table)
-    records = mechanism_records(table, focus_only=focus_only)
+    records = mechanism_records(table, focus_only=focus_only, bare_single=True)
     if not records:
         return "(no mechanism metrics)\n"
+    notes = [SINGLE_NOTE] if _single(table) else []
     if fmt == "text":
-        return f"{caption(table)}\n\n{_aligned(_blank_repeats(records), left=_LEFT)}\n"
-    return f"{_markdown(records, left=_LEFT)}\n\n*{_escape(caption(table))}*\n"
+        limit = None if wide else (width or terminal_width())
+        w = window_of(table)
+        drop = ["parent", f"Δ parent, first {w}", f"first {w}", "changes"]
+        shown, hidden = fit(_blank_repeats(records), limit, drop=drop, shrink={"changes": 12})
+        if hidden:
+            notes.append(hidden_note(hidden, limit))
+        under = "".join(f"{wrapped(n, limit)}\n" for n in notes)
+        return f"{wrapped(caption(table), limit)}\n\n{_aligned(shown, left=_LEFT)}\n{under}"
+    body = "\n\n".join([_markdown(records, left=_LEFT), *notes])
+    return f"{body}\n\n*{_escape(caption(table))}*\n"

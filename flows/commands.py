@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dapo_core.cli import non_negative_float, non_negative_int, number, positive_int
+from dapo_common.cli_args import non_negative_float, non_negative_int, number, positive_int
+from dapo_core.cli import add_field_arguments
 from dapo_core.setup.ladders import BUILTIN_LADDERS
 from dapo_core.setup.presets import PRESETS
+from dapo_core.setup.sweep_fields import SWEEP_FIELDS
 from flows import progress
 
 ENV_HELP = """\
@@ -90,16 +92,7 @@ def register(subparsers: Any) -> None:
         metavar="SEED",
         help="seeds (default: 0); commas work too",
     )
-    p.add_argument(
-        "--steps", type=positive_int, help="rollout steps per arm (default: the preset's)"
-    )
-    p.add_argument("--model", help="`tiny`, a local model directory or a hub name")
-    p.add_argument("--data", help="training data: a data set name or a .jsonl/.parquet path")
-    p.add_argument("--eval", help="evaluation set: a data set name or a path")
-    p.add_argument("--eval-k", type=positive_int, help="samples per eval problem (avg@k, pass@k)")
-    p.add_argument(
-        "--eval-problems", type=non_negative_int, help="evaluate on the first N problems (0: all)"
-    )
+    add_field_arguments(p, [f.name for f in SWEEP_FIELDS], default_from="the preset")
     _resource_args(p, default_cpus=1.0, default_gpus=0.0)
     p.add_argument(
         "--set",
@@ -112,6 +105,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--force", action="store_true", help="retrain arms already completed with the same config"
     )
+    _submit_arg(p, default="actors")
     p.add_argument("--name", help="a name for the sweep")
     p.add_argument(
         "--sweep",
@@ -147,6 +141,7 @@ def register(subparsers: Any) -> None:
     )
     _resource_args(p, default_cpus=None, default_gpus=None)
     _location_args(p)
+    _submit_arg(p, default=None)
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the table")
     p.set_defaults(func=cmd_arm)
 
@@ -212,6 +207,18 @@ def _resource_args(
     )
 
 
+def _submit_arg(p: argparse.ArgumentParser, *, default: str | None) -> None:
+    from flows.params import SUBMIT_DOC
+
+    p.add_argument(
+        "--submit",
+        choices=("actors", "ray-jobs"),
+        default=default,
+        help=SUBMIT_DOC.replace("%", "%%")
+        + (f" (default {default})" if default else " (default: the sweep's)"),
+    )
+
+
 def _location_args(p: argparse.ArgumentParser) -> None:
     from db.cli import store_argument
 
@@ -231,29 +238,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     ladder, arms = checks.sweep_ladder(
         args.ladder, args.grid, _split(args.arms) if args.arms else None, args.preset
     )
-    raw: dict[str, Any] = {
-        "preset": args.preset,
-        "ladder": ladder,
-        "arms": arms or [],
-        "seeds": [s for group in args.seeds for s in group] if args.seeds is not None else [0],
-        "steps": args.steps,
-        "model": _absolute(args.model),
-        "train_data": _absolute(args.data),
-        "eval_data": _absolute(args.eval),
-        "eval_k": args.eval_k,
-        "eval_problems": args.eval_problems,
-        "resources": {
-            "cpus": args.cpus,
-            "gpus": args.gpus,
-            "workers": args.workers,
-            "placement": "SPREAD" if args.spread else "PACK",
-        },
-        "overrides": _overrides(args.set),
-        "store_url": args.store,
-        "ray_address": args.ray_address,
-        "force": args.force,
-        "name": args.name,
-    }
+    raw = sweep_raw(args, ladder, arms)
     # The same checks the flow makes, here first: a user mistake costs no Prefect start-up,
     # writes nothing, and is one line with exit 2.
     params, _store, jobs = checks.prepare_sweep(raw, args.sweep)
@@ -265,7 +250,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     preflight(params.ray_address, params.resources, [job.config for job in jobs])
     # The wall time the orchestration line accounts for starts here, Prefect's start included.
     t0 = time.perf_counter()
-    start_services(params.ray_address, params.resources, len(jobs))
+    start_services(
+        params.ray_address, params.resources, len(jobs), actors=params.submit != "ray-jobs"
+    )
     from flows.sweep import ablation_sweep
 
     display = Display(quiet=args.quiet)
@@ -295,11 +282,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_arm(args: argparse.Namespace) -> int:
     prepare_terminal()
-    from db.store import Store
+    from db.store import RunHeld, Store
     from flows import checks, plan, ray_worker
     from flows.params import ArmParams, validate
 
-    store = Store(args.store)
+    store = Store(args.store, open_wait_s=0)
     sweep_id = args.sweep or latest_sweep_id(store.url)
     resources = None
     given = {
@@ -322,13 +309,19 @@ def cmd_arm(args: argparse.Namespace) -> int:
         "ray_address": args.ray_address,
         "publish": True,
         "extend": args.extend,
+        "submit": args.submit,
     }
     p = validate(ArmParams, raw)
     # The checks the flow makes, here first (one line, exit 2, nothing written): an arm or
     # seed outside the sweep without --extend, a config or data file that does not work.
     sweep_params = checks.arm_in_sweep(store.get_sweep(p.sweep_id), p.arm, p.seed, extend=p.extend)
-    config = plan.arm_job(sweep_params, p.arm, p.seed).config
+    job = plan.arm_job(sweep_params, p.arm, p.seed)
+    config = job.config
     checks.check_inputs([config])
+    # Another process training this arm (its lease is live) is named before anything starts.
+    lease = store.lease_of(p.sweep_id, p.arm, p.seed)
+    if lease is not None:
+        raise RunHeld(lease.line(f"{job.label} of sweep {p.sweep_id}"), lease)
     ray_worker.probe_if_remote(p.ray_address)
     from flows.cluster import preflight
 
@@ -338,12 +331,19 @@ def cmd_arm(args: argparse.Namespace) -> int:
         ray_worker.connect(address)
     preflight(address, resources, [config])
     start_services(
-        p.ray_address or sweep_params.ray_address, p.resources or sweep_params.resources, 1
+        p.ray_address or sweep_params.ray_address,
+        p.resources or sweep_params.resources,
+        1,
+        actors=(p.submit or sweep_params.submit) != "ray-jobs",
     )
     from flows.arm import ablation_arm
 
     display = Display(quiet=args.quiet)
     state = _run_flow(ablation_arm, display, **raw)
+    if not state.is_completed():
+        lost = _exception_of(state)
+        if isinstance(lost, RunHeld):  # another command claimed the arm first: its one line
+            raise lost
     print_table(args.store, sweep_id, failed=not state.is_completed())
     if not state.is_completed():
         print(
@@ -363,9 +363,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from db.engine import ENV_VAR
         from db.store import Store
 
-        os.environ[ENV_VAR] = Store(args.store).url
+        os.environ[ENV_VAR] = Store(args.store, open_wait_s=0).url
     prepare_terminal(quiet_prefect=False)
     return serve(host=args.host, port=args.port, ray_address=args.ray_address, limit=args.limit)
+
+
+def sweep_raw(args: argparse.Namespace, ladder: str, arms: list[str] | None) -> dict[str, Any]:
+    """SweepParams' fields, in its order, from `dapo sweep`'s arguments: a field is the flag
+    of its name (`--train-data` for train_data), except those made of several flags below. A
+    field added to SweepParams without a flag is an AttributeError here, which a test meets."""
+    from flows.params import SweepParams
+
+    made = {
+        "ladder": ladder,
+        "arms": arms or [],
+        "seeds": [s for group in args.seeds for s in group] if args.seeds is not None else [0],
+        "resources": {
+            "cpus": args.cpus,
+            "gpus": args.gpus,
+            "workers": args.workers,
+            "placement": "SPREAD" if args.spread else "PACK",
+        },
+        "overrides": _overrides(args.set),
+        "store_url": args.store,
+    }
+    # The table's text fields name a model or a data set, or a path: relative to this
+    # directory, which the flow (maybe on another machine) does not share.
+    for row in SWEEP_FIELDS:
+        if row.type is str:
+            made[row.name] = _absolute(getattr(args, row.name))
+    return {
+        name: made[name] if name in made else getattr(args, name)
+        for name in SweepParams.model_fields
+    }
 
 
 # --- terminal plumbing -----------------------------------------------------------------------
@@ -412,7 +442,9 @@ def local_server_timeout() -> float:
     return START_TIMEOUT_S
 
 
-def start_services(ray_address: str | None, resources: Any, arms: int) -> None:
+def start_services(
+    ray_address: str | None, resources: Any, arms: int, *, actors: bool = True
+) -> None:
     """Prefect, Ray and the arms' actors, started side by side: the temporary Prefect server
     boots in its own process while this one joins (or starts) Ray and starts the actors the
     first arms will train in (each imports torch and transformers: seconds of start-up)."""
@@ -423,7 +455,8 @@ def start_services(ray_address: str | None, resources: Any, arms: int) -> None:
     # Before any actor asks for them: an arm bigger than the cluster is the user's mistake (one
     # line, exit 2), not a flow that fails after Ray's autoscaler has complained.
     plan.check_fits(cluster, resources)
-    ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
+    if actors:  # arms as Ray jobs (--submit ray-jobs) train in processes of their own
+        ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
     if server is not None:
         server.wait_ready()
 
@@ -498,10 +531,10 @@ def print_table(store_url: str | None, sweep_id: int, *, failed: bool = False) -
 
 
 def latest_sweep_id(url: str) -> int:
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
-    found = queries.latest_sweep_id(get_engine(url))
+    found = reads.latest_sweep_id(get_engine(url))
     if found is None:
         raise ValueError("the store holds no sweep yet: run `dapo sweep` first, or pass --sweep ID")
     return found
@@ -522,6 +555,15 @@ def orchestration_line(
         f"time: wall {d(wall_s)}; train() {d(sum(trained))} over {len(trained)} arm run(s), "
         f"{concurrency} at a time ≈ {d(training)}; orchestration ≈ {100 * share:.0f}% of the wall time"
     )
+
+
+def _exception_of(state: Any) -> BaseException | None:
+    """The exception a failed flow run's state holds (None when it holds none)."""
+    try:
+        found = state.result(raise_on_failure=False)
+    except Exception:
+        return None
+    return found if isinstance(found, BaseException) else None
 
 
 def _state_line(state: Any) -> str:
@@ -559,7 +601,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _positive_cpus(text: str) -> float:
-    """--cpus: a number > 0 (unlike dapo_core.cli.positive_float, inf passes here)."""
+    """--cpus: a number > 0 (unlike dapo_common.cli_args.positive_float, inf passes here)."""
     value = number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")

@@ -317,7 +317,7 @@ def register(subparsers: Any) -> None:
     """Add `deploy` and `worker` to the `dapo` dispatcher (dapo_lab.cli's registrars)."""
     import argparse
 
-    from dapo_core.cli import positive_int
+    from dapo_common.cli_args import positive_int
     from db.cli import store_argument
     from flows.plan import default_runs_dir
 
@@ -400,6 +400,6 @@ def cmd_worker(args: Any) -> int:
         from db.engine import ENV_VAR
         from db.store import Store
 
-        os.environ[ENV_VAR] = Store(args.store).url
+        os.environ[ENV_VAR] = Store(args.store, open_wait_s=0).url
     prepare_terminal(quiet_prefect=False)
     return worker(pool=args.pool, ray_address=args.ray_address, limit=args.limit, name=args.name)

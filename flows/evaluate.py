@@ -8,7 +8,9 @@ from typing import Any
 
 from prefect import flow
 
+from dapo_common.util import first_line
 from dapo_core.setup.config import ExperimentConfig
+from dapo_core.setup.sweep_fields import field_overrides
 from dapo_core.train.run_dir import latest_step
 from db.store import Store
 from flows import plan, progress, ray_worker
@@ -26,14 +28,8 @@ def run_eval(p: EvalParams) -> dict[str, Any]:
         raise ValueError(
             f"run {p.run_id} has no checkpoint to evaluate (checkpoint_dir {run.get('checkpoint_dir')})"
         )
-    overrides: dict[str, Any] = {}
-    for value, key in (
-        (p.eval_data, "data.eval"),
-        (p.eval_k, "data.eval_k"),
-        (p.eval_problems, "data.eval_problems"),
-    ):
-        if value is not None:
-            overrides[key] = value
+    # EvalParams' fields are rows of the sweep's table: each given one sets its config key.
+    overrides = field_overrides(p)
     cfg = ExperimentConfig.from_dict(dict(run["config"])).with_overrides(overrides)
     plan.check_local_paths(cfg.to_dict())
     sweep_params = validate(
@@ -60,16 +56,19 @@ def run_eval(p: EvalParams) -> dict[str, Any]:
         create_markdown_artifact(
             markdown=(
                 f"# Evaluation of run {p.run_id} ({run['arm']} seed {run['seed']}, step {result['step']})\n\n"
-                f"| data set | k | avg@k | pass@k | cons@k | problems |\n|---|---|---|---|---|---|\n"
-                f"| {result['dataset']} | {result['k']} | {result['avg_at_k']:.4f} | "
-                f"{result['pass_at_k']:.4f} | {result['cons_at_k']:.4f} | {result['n_problems']} |\n"
+                "| data set | k | avg@k (%) | pass@k (%) | cons@k (%) | problems |\n"
+                "|---|---|---|---|---|---|\n"
+                f"| {result['dataset']} | {result['k']} | {100 * result['avg_at_k']:.1f} | "
+                f"{100 * result['pass_at_k']:.1f} | {100 * result['cons_at_k']:.1f} | "
+                f"{result['n_problems']} |\n"
             ),
             key=f"evaluation-run-{p.run_id}",
             description=f"Evaluation of run {p.run_id}",
         )
     except Exception as exc:  # the store holds the result; a missing artifact is not a failure
         progress.say(
-            f"could not publish the evaluation artifact: {plan.first_line(exc)}", level="warning"
+            f"could not publish the evaluation artifact: {first_line(exc, with_type=True)}",
+            level="warning",
         )
     return result
 

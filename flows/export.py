@@ -9,7 +9,7 @@ TensorBoard log directory per run, one MLflow store (`mlruns`) for the whole swe
 --mlflow-uri or $MLFLOW_TRACKING_URI names another, W&B run directories; Trackio writes to its
 own store ($TRACKIO_DIR).
 
-Reads go through db.queries; torch is imported only by the TensorBoard writer.
+Reads go through db.reads; torch is imported only by the TensorBoard writer.
 """
 
 from __future__ import annotations
@@ -62,18 +62,18 @@ def register(subparsers: Any) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from db import engine as db_engine
-    from db import queries
+    from db import reads
     from db.cli import _existing, _explained
 
     url = db_engine.resolve_url(args.store)
     _existing(url)
     engine = db_engine.get_engine(url, read_only=True)
     with _explained(url):
-        sweep_id = args.sweep if args.sweep is not None else queries.latest_sweep_id(engine)
+        sweep_id = args.sweep if args.sweep is not None else reads.latest_sweep_id(engine)
         if sweep_id is None:
             raise ValueError(f"the store {db_engine.safe_url(url)} has no sweeps to export")
-        sweep = queries.sweep_details(engine, sweep_id)
-        runs = queries.runs_of_sweep(engine, sweep_id)
+        sweep = reads.sweep_details(engine, sweep_id)
+        runs = reads.runs_of_sweep(engine, sweep_id)
     if runs.empty:
         raise ValueError(f"sweep {sweep_id} has no runs to export")
     out = Path(args.out or f"dapo-export/sweep-{sweep_id}")
@@ -115,9 +115,9 @@ def replay_run(
     import dataclasses
 
     from dapo_core.train.trackers import TRACKERS, install_hint, tracked_run
-    from db import queries
+    from db import reads
 
-    run = queries.run_details(engine, run_id)
+    run = reads.run_details(engine, run_id)
     tags = tags_of(run, sweep)
     run_dir = out / f"{run['arm']}-s{run['seed']}-run{run_id}"
     tracked = dataclasses.replace(
@@ -130,9 +130,9 @@ def replay_run(
             f"--to {to}: its library is not installed (no module {exc.name!r}; {install_hint(to)})"
         ) from None
 
-    metrics = queries.metric_curves(engine, [run_id])
-    evals = queries.evaluations(engine, run_id)
-    samples = queries.samples(engine, run_id, limit=None)
+    metrics = reads.metric_curves(engine, [run_id])
+    evals = reads.evaluations(engine, run_id)
+    samples = reads.samples(engine, run_id, limit=None)
     by_step: dict[int, dict[str, float]] = {}
     for name, step, value in zip(metrics["name"], metrics["step"], metrics["value"], strict=True):
         by_step.setdefault(int(step), {})[str(name)] = float(value)
@@ -157,12 +157,12 @@ def replay_run(
 # --- tags ------------------------------------------------------------------------------------
 def tags_of(run: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, Any]:
     """A store run's tracker tags: sweep, arm, seed, attempt, run id, ladder, parent arm."""
-    from db import queries
+    from db import reads
 
     arm = str(run["arm"])
     view = types.SimpleNamespace(ladder=sweep.get("ladder") or [], arms=sweep.get("arms") or [])
-    order = queries.arm_order(view)
-    parent = queries.parents(view, order).get(arm) if arm in order else None
+    order = reads.arm_order(view)
+    parent = reads.parents(view, order).get(arm) if arm in order else None
     return {
         "sweep": run.get("sweep_id"),
         "arm": arm,

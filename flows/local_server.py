@@ -152,12 +152,6 @@ def healthy(api_url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def listening_socket(host: str = HOST) -> socket.socket:
     """A TCP socket bound to a free port of `host` and listening, for the server to inherit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -37,11 +37,20 @@ from dapo_core.setup.ladders import (
 )
 from dapo_core.setup.overrides import type_overrides
 from dapo_core.setup.presets import PRESETS
+from dapo_core.setup.sweep_fields import FIELD_OF_KEY, SWEEP_FIELD, SWEEP_FIELDS, field_overrides
 
 # A Literal type gives the Prefect form a drop-down; validation below repeats the check with a
 # message that lists the choices (a served deployment accepts any JSON, see flows/serve.py).
 # Arms have no Literal: they are whatever the sweep's ladder names, so the form takes free text.
 PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+# Where each arm × seed runs (flows/ray_jobs.py): Ray actors driven by the flow's own process,
+# or one job on the Ray cluster's job server, which outlives the flow's process.
+SubmitMode = Literal["actors", "ray-jobs"]
+SUBMIT_DOC = (
+    "how each arm × seed runs: actors (Ray actors driven by the flow's process) or ray-jobs (one "
+    "job on the Ray cluster's job server per arm × seed; a job whose flow run died is adopted "
+    "by the next run of the arm, never started twice)"
+)
 
 LADDER_DOC = (
     "the ladder to run: a built-in ladder's name ("
@@ -73,6 +82,17 @@ def parse_ladder(ladder: str, preset: str) -> Ladder:
             "ladder's TOML text: paste the file's text (`dapo sweep --ladder FILE` reads a file)"
         )
     return Ladder.from_toml(ladder, source="the ladder's TOML", preset=preset)
+
+
+def _row(name: str, default_from: str, *, bounded: bool = False) -> Any:
+    """The pydantic field of a sweep_fields row, None when not given (`default_from`'s value
+    stands). `bounded`: the row's minimum is checked by pydantic (EvalParams); SweepParams
+    checks it in a validator of its own, whose message is shorter."""
+    row = SWEEP_FIELD[name]
+    description = row.describe(default_from)
+    if bounded and row.minimum is not None:
+        return Field(None, ge=row.minimum, description=description)
+    return Field(None, description=description)
 
 
 class Resources(BaseModel):
@@ -114,12 +134,14 @@ class SweepParams(BaseModel):
     seeds: list[int] = Field(
         default_factory=lambda: [0], description="seeds, one run per arm and seed"
     )
-    steps: int | None = Field(None, description="rollout steps per arm (default: the preset's)")
-    model: str | None = Field(None, description="`tiny`, a local model directory or a hub name")
-    train_data: str | None = Field(None, description="training data: a data set name or a path")
-    eval_data: str | None = Field(None, description="evaluation set: a data set name or a path")
-    eval_k: int | None = Field(None, description="samples per eval problem (avg@k, pass@k)")
-    eval_problems: int | None = Field(None, description="evaluate on the first N problems (0: all)")
+    # The rows of dapo_core/setup/sweep_fields.py, in its order: a test checks that each row is
+    # a field here of its type, and config_overrides sets the row's key.
+    steps: int | None = _row("steps", "the preset")
+    model: str | None = _row("model", "the preset")
+    train_data: str | None = _row("train_data", "the preset")
+    eval_data: str | None = _row("eval_data", "the preset")
+    eval_k: int | None = _row("eval_k", "the preset")
+    eval_problems: int | None = _row("eval_problems", "the preset")
     resources: Resources = Field(
         default_factory=Resources, description="CPUs and GPUs each arm's Ray actor asks for"
     )
@@ -135,6 +157,7 @@ class SweepParams(BaseModel):
         None, description="Ray cluster to join (default: $RAY_ADDRESS or a local one)"
     )
     force: bool = Field(False, description="retrain arms already completed with the same config")
+    submit: SubmitMode = Field("actors", description=SUBMIT_DOC)
     name: str | None = Field(
         None, max_length=200, description="a name for the sweep (at most 200 characters)"
     )
@@ -203,21 +226,17 @@ class SweepParams(BaseModel):
             raise ValueError(f"seeds repeat: {value}")
         return list(value)
 
-    @field_validator("steps", "eval_k")
+    @field_validator(*(f.name for f in SWEEP_FIELDS if f.minimum is not None))
     @classmethod
-    def _positive(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"must be >= 1, got {value}")
+    def _at_least(cls, value: int | None, info: ValidationInfo) -> int | None:
+        least = SWEEP_FIELD[str(info.field_name)].minimum
+        if value is not None and least is not None and value < least:
+            raise ValueError(f"must be >= {least}, got {value}")
         return value
 
-    @field_validator("eval_problems")
-    @classmethod
-    def _non_negative(cls, value: int | None) -> int | None:
-        if value is not None and value < 0:
-            raise ValueError(f"must be >= 0, got {value}")
-        return value
-
-    @field_validator("model", "train_data", "eval_data", "store_url", "ray_address", "name")
+    @field_validator(
+        *(f.name for f in SWEEP_FIELDS if f.type is str), "store_url", "ray_address", "name"
+    )
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
         # A form leaves an emptied text box as "": that means "use the default".
@@ -254,32 +273,15 @@ class SweepParams(BaseModel):
 
     def config_overrides(self, seed: int) -> dict[str, Any]:
         """Dotted overrides of one (arm, seed) run on top of the preset and the arm's changes."""
-        out: dict[str, Any] = {}
-        for value, key in (
-            (self.steps, "run.steps"),
-            (self.model, "model.name_or_path"),
-            (self.train_data, "data.train"),
-            (self.eval_data, "data.eval"),
-            (self.eval_k, "data.eval_k"),
-            (self.eval_problems, "data.eval_problems"),
-        ):
-            if value is not None:
-                out[key] = value
+        out = field_overrides(self)
         out.update(self.overrides)
         out["run.seed"] = seed
         return out
 
 
-# The dotted config key each SweepParams field sets (config_overrides), to name it in errors.
-_FIELD_OF = {
-    "run.steps": "steps",
-    "model.name_or_path": "model",
-    "data.train": "train_data",
-    "data.eval": "eval_data",
-    "data.eval_k": "eval_k",
-    "data.eval_problems": "eval_problems",
-    "run.seed": "seeds",
-}
+# The SweepParams field that sets each dotted config key (config_overrides), to name it in
+# errors: the table's rows, and the seed each run of `seeds` gets.
+_FIELD_OF = {**FIELD_OF_KEY, "run.seed": "seeds"}
 
 
 # The store and the Ray cluster of a run that belongs to a sweep (ArmParams, EvalParams).
@@ -312,6 +314,7 @@ class ArmParams(BaseModel):
     resources: Resources | None = Field(
         None, description="CPUs / GPUs for the arm's Ray actor (default: the sweep's)"
     )
+    submit: SubmitMode | None = Field(None, description=SUBMIT_DOC + " (default: the sweep's)")
     publish: bool = Field(
         True,
         description="when done, publish the sweep's ablation table and recompute its status "
@@ -346,13 +349,10 @@ class EvalParams(BaseModel):
     run_id: int = Field(
         ..., ge=1, description="the store's run id (see the dashboard's run page or `dapo table`)"
     )
-    eval_data: str | None = Field(
-        None, description="evaluation set: a data set name or a path (default: the run's)"
-    )
-    eval_k: int | None = Field(None, ge=1, description="samples per problem (default: the run's)")
-    eval_problems: int | None = Field(
-        None, ge=0, description="evaluate on the first N problems (0: all; default: the run's)"
-    )
+    # Rows of dapo_core/setup/sweep_fields.py, whose defaults are the run's own config.
+    eval_data: str | None = _row("eval_data", "the run")
+    eval_k: int | None = _row("eval_k", "the run", bounded=True)
+    eval_problems: int | None = _row("eval_problems", "the run", bounded=True)
     store_url: StoreUrl = None
     ray_address: RayAddress = None
     resources: Resources | None = Field(

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dapo_core.setup.config import ExperimentConfig, flatten, is_local_path
-from db import errors
+from dapo_common.util import first_line, flatten
+from dapo_core.setup.config import ExperimentConfig, is_local_path
 from flows.params import Resources, SweepParams
 
 RUNS_DIR_ENV = "DAPO_RUNS_DIR"
@@ -290,15 +290,10 @@ def is_stop(exc: BaseException) -> bool:
     return False
 
 
-def first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`, as the flows log errors and the store keeps them."""
-    return errors.first_line(exc, with_type=True)
-
-
 def error_text(exc: BaseException, remote_traceback: str | None = None) -> str:
     """What the store's error column keeps: one line, then the traceback."""
     tb = remote_traceback or "".join(traceback.format_exception(exc))
-    return f"{first_line(exc)}\n{_ANSI.sub('', tb)}"
+    return f"{first_line(exc, with_type=True)}\n{_ANSI.sub('', tb)}"
 
 
 def sweep_outcome(results: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:

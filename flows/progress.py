@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from dapo_core.cli import duration, num
+from dapo_common.text import percent
+from dapo_common.util import duration, num
 
 Listener = Callable[[str, dict[str, Any]], None]
 """(message, data): data carries what a terminal display may need, e.g. {"sweep_id": 3}."""
@@ -41,10 +42,11 @@ def say(message: str, *, level: str = "info", **data: Any) -> None:
 
 
 def step_line(label: str, update: dict[str, Any]) -> str:
-    """`grpo s0  step 3/12  acc 0.412  reward -0.176  1234 tok/s  ETA 0:00:20`"""
+    """`grpo s0  step 3/12  acc 41.2%  reward -0.176  1234 tok/s  ETA 0:00:20`: scores in
+    percent, as the ablation table shows them; the reward in its own unit."""
     return (
         f"{label}  step {update.get('step')}/{update.get('steps')}"
-        f"  acc {num(update.get('acc'), '.3f')}  reward {num(update.get('reward'), '+.3f')}"
+        f"  acc {percent(update.get('acc'))}  reward {num(update.get('reward'), '+.3f')}"
         f"  {num(update.get('tokens_per_s'), '.0f')} tok/s  ETA {duration(update.get('eta_s'))}"
     )
 
@@ -54,6 +56,6 @@ def eval_text(final_eval: dict[str, Any] | None) -> str:
         return "no evaluation"
     k = final_eval.get("k")
     return (
-        f"{final_eval.get('dataset')} avg@{k} {num(final_eval.get('avg_at_k'), '.3f')}"
-        f" pass@{k} {num(final_eval.get('pass_at_k'), '.3f')}"
+        f"{final_eval.get('dataset')} avg@{k} {percent(final_eval.get('avg_at_k'))}"
+        f" pass@{k} {percent(final_eval.get('pass_at_k'))}"
     )

@@ -1,5 +1,5 @@
 """A sweep's ablation table, out to Prefect (a table artifact and a markdown summary) and to the
-terminal. Numbers come from db.queries.ablation_table and cells from
+terminal. Numbers come from db.ablation.ablation_table and cells from
 db.table_format.ablation_records, so the Prefect UI, the dashboard and `dapo table` show the
 same columns; the summary's headline names a best arm only when its lead is significant.
 """
@@ -13,12 +13,13 @@ from flows import plan
 
 
 def ablation(url: str, sweep_id: int) -> tuple[Any, dict[str, Any]]:
-    """(db.queries.ablation_table, sweep details) of one sweep."""
-    from db import queries
+    """(db.ablation.ablation_table, sweep details) of one sweep."""
+    from db.ablation import ablation_table
     from db.engine import get_engine
+    from db.reads import sweep_details
 
     engine = get_engine(url)
-    return queries.ablation_table(engine, sweep_id), queries.sweep_details(engine, sweep_id)
+    return ablation_table(engine, sweep_id), sweep_details(engine, sweep_id)
 
 
 def text(url: str, sweep_id: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow
 from prefect.context import FlowRunContext
 
+from dapo_common.util import first_line
 from db.store import Store
 from flows import arm as arm_flow
 from flows import checks, plan, progress, ray_worker
@@ -140,7 +141,8 @@ def run_sweep(
     nodes = check_placement(params.resources, [job.config for job in jobs])
     mode = launch_mode()
     slots = plan.concurrency(cluster, params.resources, len(jobs))
-    if mode == "subflow":  # the arms train in this process's actors: start them now
+    # The arms train in this process's actors: start them now (Ray jobs start their own).
+    if mode == "subflow" and params.submit != "ray-jobs":
         ray_worker.prewarm(params.resources, slots)
 
     # --- the first write: everything above has been checked ---
@@ -191,7 +193,7 @@ def run_sweep(
         if mode == "subflow":  # deployment runs are their own flow runs: they go on
             _cancel_running(store, sweep_id, jobs)
         status = "cancelled" if plan.is_stop(exc) else "failed"
-        store.set_sweep_status(sweep_id, status, error=plan.first_line(exc))
+        store.set_sweep_status(sweep_id, status, error=first_line(exc, with_type=True))
         raise
     status, error = plan.sweep_outcome(results)
     store.set_sweep_status(sweep_id, status, error=error)
@@ -212,8 +214,14 @@ def _run_all(
             return run_child(mode, sweep_id, job, params, store)
         except Exception as exc:  # a child that could not even start counts as failed
             with lock:
-                progress.say(f"{job.label}  failed: {plan.first_line(exc)}", level="error")
-            return {"label": job.label, "status": "failed", "error": plan.first_line(exc)}
+                progress.say(
+                    f"{job.label}  failed: {first_line(exc, with_type=True)}", level="error"
+                )
+            return {
+                "label": job.label,
+                "status": "failed",
+                "error": first_line(exc, with_type=True),
+            }
 
     # Each thread runs in a copy of this flow run's context, so that its arm is linked to this
     # sweep as a child flow run.
@@ -263,10 +271,10 @@ def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # best effort: the server may be going away too
         pass
     try:
-        from db import queries
+        from db import ablation
 
         store = Store(dict(flow_run.parameters or {}).get("store_url"))
-        sweeps = queries.list_sweeps(store.engine)
+        sweeps = ablation.list_sweeps(store.engine)
         mine = sweeps[
             (sweeps["flow_run_id"] == str(flow_run.id))
             & sweeps["status"].isin(["pending", "running"])

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dapo_core import metric_names as mn
+from dapo_common import metric_names as mn
 from db.store import Store
 
 LADDER: list[dict[str, Any]] = [

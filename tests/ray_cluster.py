@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.local_server import free_port
+from dapo_common.util import free_port
 
 RAY = str(Path(sys.executable).parent / "ray")
 START_TIMEOUT_S = 90.0
@@ -111,6 +111,15 @@ class RayCluster:
     nodes: list[Node] = field(default_factory=list)
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     temp_root: Path | None = None
+    # The head's dashboard, which serves Ray's job server (tests/test_ray_jobs.py): its port,
+    # on 127.0.0.1 only; None leaves the dashboard off, as the other tests want it.
+    job_server_port: int | None = None
+
+    @property
+    def job_server(self) -> str:
+        """The job server's HTTP address (JobSubmissionClient's, RAY_API_SERVER_ADDRESS)."""
+        assert self.job_server_port is not None, "started without a job server"
+        return f"http://127.0.0.1:{self.job_server_port}"
 
     @property
     def address(self) -> str:
@@ -166,9 +175,11 @@ class RayCluster:
                 "--port",
                 str(self.port),
                 "--include-dashboard",
-                "false",
+                "false" if self.job_server_port is None else "true",
+                "--dashboard-host",
+                "127.0.0.1",
                 "--dashboard-port",
-                str(free_port()),
+                str(self.job_server_port or free_port()),
                 "--ray-client-server-port",
                 str(free_port()),
                 "--system-config",
@@ -307,9 +318,14 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def ray_cluster(root: Path, *, nodes: int = 2, cpus_per_node: int = 2) -> Iterator[RayCluster]:
-    """A started cluster, stopped at the end whatever happens (a failed start included)."""
-    cluster = RayCluster(root, cpus_per_node=cpus_per_node)
+def ray_cluster(
+    root: Path, *, nodes: int = 2, cpus_per_node: int = 2, job_server: bool = False
+) -> Iterator[RayCluster]:
+    """A started cluster, stopped at the end whatever happens (a failed start included);
+    `job_server`: the head serves Ray's job server on a free port of 127.0.0.1."""
+    cluster = RayCluster(
+        root, cpus_per_node=cpus_per_node, job_server_port=free_port() if job_server else None
+    )
     try:
         cluster.start(nodes)
         yield cluster

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dapo_core.setup.config import ConfigError, flatten
+from dapo_common.util import flatten
+from dapo_core.setup.config import ConfigError
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.setup.presets import PRESETS, preset_config
 

@@ -80,15 +80,13 @@ def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
 
 
 def runs(url: str) -> list[dict[str, Any]]:
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
     engine = get_engine(url)
-    sweep = queries.latest_sweep_id(engine)
+    sweep = reads.latest_sweep_id(engine)
     assert sweep is not None
-    return [
-        queries.run_details(engine, int(r)) for r in queries.runs_of_sweep(engine, sweep)["run_id"]
-    ]
+    return [reads.run_details(engine, int(r)) for r in reads.runs_of_sweep(engine, sweep)["run_id"]]
 
 
 def test_two_arms_that_need_a_node_each_run_on_different_nodes(
@@ -205,11 +203,11 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
     resumed = re.findall(r"resuming from the checkpoint at step (\d+)", out)
     assert len(resumed) == 1 and saved <= int(resumed[0]) < steps, (saved, out)
 
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
     engine = get_engine(work["url"])
-    curves = queries.metric_curves(engine, [run["id"]])
+    curves = reads.metric_curves(engine, [run["id"]])
     per_key = curves.groupby(["step", "name"]).size()
     assert (per_key == 1).all()  # once each (the store's upsert)
     names = {
@@ -220,7 +218,7 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
     assert all(names[s] == names[1] for s in names), "a step misses metrics"
     rollout = curves[curves["name"] == "progress/rollout_step"].set_index("step")["value"]
     assert rollout.to_dict() == {s: float(s) for s in range(1, steps + 1)}
-    evals = queries.evaluations(engine, run["id"])
+    evals = reads.evaluations(engine, run["id"])
     assert sorted(evals["step"]) == [0, steps]
     # What happened, for the log (`pytest -s`): the sweep's own timestamped lines.
     story = [
@@ -235,14 +233,14 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
 
 def _run_dir(url: str, sweep_name: str) -> Path | None:
     """The run directory of the newest run of the newest sweep, when that sweep is named so."""
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
     engine = get_engine(url)
-    sweep = queries.latest_sweep_id(engine)
-    if sweep is None or queries.sweep_details(engine, sweep).get("name") != sweep_name:
+    sweep = reads.latest_sweep_id(engine)
+    if sweep is None or reads.sweep_details(engine, sweep).get("name") != sweep_name:
         return None
-    frame = queries.runs_of_sweep(engine, sweep)
+    frame = reads.runs_of_sweep(engine, sweep)
     if frame.empty or not frame["checkpoint_dir"].iloc[-1]:
         return None
     return Path(str(frame["checkpoint_dir"].iloc[-1]))

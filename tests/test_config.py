@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from dapo_common.util import flatten
 from dapo_core.setup.config import (
     AlgoConfig,
     BatchConfig,
     ConfigError,
     ExperimentConfig,
     RolloutConfig,
-    flatten,
 )
 from dapo_core.setup.presets import PRESETS, preset_config
 

@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dashboard import rerun, widgets
-from db import queries
+from db import ablation
 from db.engine import get_engine
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -120,7 +120,7 @@ def test_ablation_table_shows_hand_computed_scores_and_deltas(
     assert "**dapo vs grpo** (paired by seed, pp): +20.0 (n=1, no interval)" in shown
     assert "10/12 runs done" in shown  # 12 runs, one failed and one still running
     # the numbers on screen are the store's numbers
-    store_table = queries.ablation_table(get_engine(fixture_store.url), fixture_store.sweep_id)
+    store_table = ablation.ablation_table(get_engine(fixture_store.url), fixture_store.sweep_id)
     for arm in fx.ARMS:
         row = store_table[store_table["arm"] == arm].iloc[0]
         assert row["score_mean"] == pytest.approx(fx.expected_mean(arm))
@@ -133,6 +133,8 @@ def test_ablation_csv_export_and_rerun_without_prefect(fixture_store: fx.Fixture
     at = open_page(sweep=fixture_store.sweep_id)
     assert [b.label for b in at.get("download_button")] == ["Download CSV"]
     at.button(key="ablation-rerun").click().run()
+    assert not at.exception and not at.warning  # a confirmation first, no request yet
+    at.button(key="ablation-rerun-confirm").click().run()
     assert not at.exception
     warnings = [w.value for w in at.warning]
     assert warnings == [rerun.NO_SERVER]
@@ -260,6 +262,7 @@ def test_run_page_config_diff_against_previous_arm(
     # the starting model 0.20 -> 20 %, the mid-run evaluation 0.30 and the final 0.40
     assert sorted(evals["avg_at_k"].round(6)) == [20.0, 30.0, 40.0]
     at.button(key="run-rerun").click().run()
+    at.button(key="run-rerun-confirm").click().run()
     assert [w.value for w in at.warning] == [rerun.NO_SERVER]
 
 

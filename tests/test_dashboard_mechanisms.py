@@ -1,6 +1,6 @@
 """Unit tests of the Mechanisms and Grid pages' shaping, on small frames built by hand.
 
-The frames have db.queries.mechanism_table's and grid_table's columns; their statistics come
+The frames have db.mechanism_table.mechanism_table's and grid_table's columns; their statistics come
 from db.stats (pinned in tests/test_stats.py), so these tests pin what is shown and how.
 """
 
@@ -14,7 +14,9 @@ import pytest
 
 from dashboard import grids, mechanisms
 from db import mechanisms as mech_text
-from db import queries, stats
+from db import stats
+from db.grids import GRID_COLUMNS
+from db.mechanism_table import MECHANISM_COLUMNS
 
 TRUNCATED, CLIP_HIGH, ENTROPY = "response_length/clip_ratio", "clip_ratio/high", "entropy/mean"
 
@@ -66,7 +68,7 @@ def _table() -> pd.DataFrame:
              {0: 0.5}, {0: 0.5}, {0: 0.012}),
         _row("gspo", "clip_higher", ("algo.loss_mode",), TRUNCATED, {}, {}, None),
     ]  # fmt: skip
-    return pd.DataFrame(rows, columns=queries.MECHANISM_COLUMNS)
+    return pd.DataFrame(rows, columns=MECHANISM_COLUMNS)
 
 
 def test_values_in_their_units_with_three_significant_digits() -> None:
@@ -173,7 +175,7 @@ def _grid(points: dict[str, dict[str, Any]], base: str) -> pd.DataFrame:
                 "eval_k": 4,
             }
         )
-    return pd.DataFrame(rows, columns=queries.GRID_COLUMNS)
+    return pd.DataFrame(rows, columns=GRID_COLUMNS)
 
 
 def test_plot_frame_of_one_swept_key() -> None:

@@ -9,12 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dapo_common.util import duration
 from dashboard import configs, curves, rollouts, shaping
 from db import stats, table_format
 
 
 def _table() -> pd.DataFrame:
-    """A db.queries.ablation_table-shaped frame: 4 arms × seeds 0 and 1; dapo's seed 1 failed.
+    """A db.ablation.ablation_table-shaped frame: 4 arms × seeds 0 and 1; dapo's seed 1 failed.
     Its statistics come from db.stats (pinned in tests/test_stats.py); this file pins how
     they are shown."""
     finals = {
@@ -158,8 +159,12 @@ def test_small_formatters() -> None:
     assert shaping.format_time(None) == "—"
     assert shaping.status_badge("weird") == "weird"
     assert shaping.status_badge(None) == "○ pending"
-    assert table_format.duration(3599.6) == "1h 00m"  # rounds to 3600 s
-    assert table_format.duration(None) == "—"
+    # a table cell's duration, then a progress line's (ETA)
+    assert duration(3599.6, compact=True, missing="—") == "1h 00m"  # rounds to 3600 s
+    assert duration(None, compact=True, missing="—") == "—"
+    assert duration(185, compact=True) == "3m 05s"
+    assert duration(3725.4) == "1:02:05"
+    assert duration(math.nan) == "-"
 
 
 # --- curves -------------------------------------------------------------------------------

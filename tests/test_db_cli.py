@@ -14,8 +14,9 @@ import dashboard_fixtures as fx
 import pytest
 import sqlalchemy as sa
 
+from db import ablation, migrate, table_format
 from db import engine as db_engine
-from db import migrate, queries
+from db.mechanism_table import mechanism_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DAPO = ROOT / ".venv" / "bin" / "dapo"
@@ -81,14 +82,16 @@ def test_table_text_markdown_and_csv(
     filled: fx.FixtureStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sweep = ("--sweep", str(filled.sweep_id), "--url", filled.url)
-    lines = run_in_process(capsys, "table", *sweep).splitlines()
+    lines = run_in_process(capsys, "table", *sweep, "--wide").splitlines()
     assert lines[0].startswith(f"sweep {filled.sweep_id} 'ladder' (preset tiny, running)")
     assert "aime2024 avg@4" in lines[0]
     body = [line.split()[0] for line in lines[4 : 4 + len(fx.ARMS)]]
     assert body == fx.ARMS  # ladder order
     grpo, dapo_row = lines[4], lines[3 + len(fx.ARMS)]
     assert "32.0 [6.6, 57.4]" in grpo and "completed" in grpo  # mean [95% t-interval]
-    assert "+7.0 (n=1, no interval)" in dapo_row and "running" in dapo_row  # one seed
+    # one seed: a bare number, and what that means said once under the table
+    assert "  +7.0  " in dapo_row and "running" in dapo_row and "interval" not in dapo_row
+    assert lines[4 + len(fx.ARMS)] == table_format.SINGLE_NOTE
     assert lines[-1].startswith("No arm leads significantly: dapo − token_loss")
 
     md = run_in_process(capsys, "table", *sweep, "--format", "markdown")
@@ -100,7 +103,7 @@ def test_table_text_markdown_and_csv(
     out = run_in_process(capsys, "table", *sweep, "--format", "csv")
     parsed = list(csv.DictReader(io.StringIO(out)))
     engine = db_engine.get_engine(filled.url)
-    table = queries.ablation_table(engine, filled.sweep_id)
+    table = ablation.ablation_table(engine, filled.sweep_id)
     assert [r["arm"] for r in parsed] == fx.ARMS
     for row, (_, expected) in zip(parsed, table.iterrows(), strict=True):
         assert float(row["score_mean_pct"]) == pytest.approx(100 * expected["score_mean"])
@@ -121,7 +124,7 @@ def test_table_mechanisms_prints_each_arms_own_metrics(
     from db import mechanisms
 
     sweep = ("--sweep", str(filled.sweep_id), "--url", filled.url)
-    frame = queries.mechanism_table(db_engine.get_engine(filled.url), filled.sweep_id, window=3)
+    frame = mechanism_table(db_engine.get_engine(filled.url), filled.sweep_id, window=3)
     text = run_in_process(capsys, "table", *sweep, "--mechanisms", "--window", "3")
     assert text == mechanisms.render(frame, "text", focus_only=True)
     assert text.startswith("per seed, the metric's mean over the first and the last 3 rollout")
@@ -135,13 +138,14 @@ def test_table_mechanisms_prints_each_arms_own_metrics(
             io.StringIO(run_in_process(capsys, "table", *sweep, "--mechanisms", "--format", "csv"))
         )
     )
-    assert {r["arm"] for r in rows} == set(fx.ARMS) and rows[0]["window"] == "10"
+    # the default window, 10 rollout steps, is cut to the runs' length (fx.STEPS = 5)
+    assert {r["arm"] for r in rows} == set(fx.ARMS) and rows[0]["window"] == str(fx.STEPS)
     line = one_error_line(dapo("table", *sweep, "--mechanisms", "--window", "0"))
     assert line == "error: --window 0: at least 1 rollout step"
 
 
 def test_the_console_script_prints_the_table(filled: fx.FixtureStore) -> None:
-    done = dapo("table", "--sweep", str(filled.sweep_id), url=filled.url)
+    done = dapo("table", "--sweep", str(filled.sweep_id), "--wide", url=filled.url)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split()[0] for line in lines[4 : 4 + len(fx.ARMS)]] == fx.ARMS
@@ -269,7 +273,7 @@ def test_table_reads_a_store_in_a_read_only_directory(tmp_path: Path) -> None:
             subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
             path = ro / path.name
         url = f"sqlite:///{path}"
-        done = dapo("table", "--sweep", str(filled.sweep_id), "--store", url)
+        done = dapo("table", "--sweep", str(filled.sweep_id), "--store", url, "--wide")
         assert done.returncode == 0, done.stderr
         assert [line.split()[0] for line in done.stdout.splitlines()[4:] if line.strip()][
             : len(fx.ARMS)

@@ -1,4 +1,5 @@
-"""The read side (db.queries) on both backends, against stores whose numbers are known by hand.
+"""The read side (db.reads, db.ablation, db.mechanism_table, db.grids) on both backends,
+against stores whose numbers are known by hand.
 
 The "ladder" store is tests/dashboard_fixtures.py's (six arms × two seeds, one failed run, one
 still running); the smaller stores below pin the attempt rules: scores from the latest
@@ -19,8 +20,9 @@ import pytest
 import sqlalchemy as sa
 from conftest import BACKENDS
 
-from db import mechanisms, queries, stats
+from db import ablation, grids, mechanisms, reads, stats
 from db.errors import NotFound
+from db.mechanism_table import MECHANISM_COLUMNS, mechanism_table
 from db.models import SWEEPS
 from db.store import Store
 
@@ -44,8 +46,8 @@ def _bounds(estimate: stats.Estimate) -> tuple[float, float]:
 
 def test_ablation_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
-    table = queries.ablation_table(engine, built.sweep_id)
-    assert list(table.columns) == queries.ABLATION_COLUMNS
+    table = ablation.ablation_table(engine, built.sweep_id)
+    assert list(table.columns) == ablation.ABLATION_COLUMNS
     assert list(table["arm"]) == fx.ARMS  # ladder order
     assert list(table["adds"]) == [r["adds"] for r in fx.LADDER]
     assert list(table["paper_score"]) == [30.0, 36.0, 38.0, 41.0, 42.0, 50.0]
@@ -125,7 +127,7 @@ def test_ablation_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa.
 
 def test_list_sweeps_progress_and_best_arm(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
-    sweeps = queries.list_sweeps(engine)
+    sweeps = ablation.list_sweeps(engine)
     assert list(sweeps["sweep_id"]) == [built.other_sweep_id, built.sweep_id]  # newest first
     row = sweeps.set_index("sweep_id").loc[built.sweep_id]
     assert (row["name"], row["preset"], row["status"]) == ("ladder", "tiny", "running")
@@ -144,34 +146,34 @@ def test_list_sweeps_progress_and_best_arm(ladder: tuple[fx.FixtureStore, sa.Eng
     other = sweeps.set_index("sweep_id").loc[built.other_sweep_id]
     assert (other["arms_total"], other["runs_done"], other["best_arm"]) == (2, 2, None)
     assert isinstance(sweeps["created_at"].dtype, pd.DatetimeTZDtype)
-    assert queries.latest_sweep_id(engine) == built.other_sweep_id
+    assert reads.latest_sweep_id(engine) == built.other_sweep_id
 
 
 def test_runs_details_previous_arm_and_attempts(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
-    runs = queries.runs_of_sweep(engine, built.sweep_id)
-    assert len(runs) == 12 and list(runs.columns) == queries.RUN_COLUMNS
+    runs = reads.runs_of_sweep(engine, built.sweep_id)
+    assert len(runs) == 12 and list(runs.columns) == reads.RUN_COLUMNS
     clip = built.run_ids[("clip_higher", 0)]
-    details = queries.run_details(engine, clip)
+    details = reads.run_details(engine, clip)
     assert (details["arm"], details["seed"], details["attempt"]) == ("clip_higher", 0, 1)
     assert details["config"]["algo"]["clip_high"] == 0.28
     assert details["checkpoint_dir"] == f"/ckpt/sweep{built.sweep_id}/clip_higher/seed0"
-    assert queries.previous_arm_run(engine, clip) == built.run_ids[("overlong_filter", 0)]
-    assert queries.previous_arm_run(engine, built.run_ids[("grpo", 1)]) is None  # first arm
+    assert reads.previous_arm_run(engine, clip) == built.run_ids[("overlong_filter", 0)]
+    assert reads.previous_arm_run(engine, built.run_ids[("grpo", 1)]) is None  # first arm
     # the arm before token_loss seed 1 is soft_punish seed 1, which failed: no completed run
-    assert queries.previous_arm_run(engine, built.run_ids[("token_loss", 1)]) is None
-    attempts = queries.arm_attempts(engine, built.sweep_id, "soft_punish")
+    assert reads.previous_arm_run(engine, built.run_ids[("token_loss", 1)]) is None
+    attempts = reads.arm_attempts(engine, built.sweep_id, "soft_punish")
     assert attempts[["seed", "attempt", "status"]].values.tolist() == [
         [0, 1, "completed"],
         [1, 1, "failed"],
     ]
     assert attempts["error"].iloc[1].endswith("CUDA out of memory")
     with pytest.raises(NotFound, match="no run with id 999999"):
-        queries.run_details(engine, 999999)
+        reads.run_details(engine, 999999)
     for call in (
-        lambda: queries.ablation_table(engine, 999999),
-        lambda: queries.runs_of_sweep(engine, 999999),
-        lambda: queries.arm_attempts(engine, 999999, "grpo"),
+        lambda: ablation.ablation_table(engine, 999999),
+        lambda: reads.runs_of_sweep(engine, 999999),
+        lambda: reads.arm_attempts(engine, 999999, "grpo"),
     ):
         with pytest.raises(NotFound, match="no sweep with id 999999"):
             call()
@@ -180,40 +182,40 @@ def test_runs_details_previous_arm_and_attempts(ladder: tuple[fx.FixtureStore, s
 def test_curves_names_and_samples(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
     a, b = built.run_ids[("grpo", 0)], built.run_ids[("clip_higher", 1)]
-    names = queries.metric_names(engine, [a, b])
+    names = reads.metric_names(engine, [a, b])
     assert names == sorted(fx.step_metrics(0, 0, 0))
-    curves = queries.metric_curves(engine, [a, b], names=["acc/mean", "progress/tokens"])
-    assert list(curves.columns) == queries.CURVE_COLUMNS
+    curves = reads.metric_curves(engine, [a, b], names=["acc/mean", "progress/tokens"])
+    assert list(curves.columns) == reads.CURVE_COLUMNS
     assert len(curves) == 2 * 2 * fx.STEPS
     acc_b = curves[(curves["run_id"] == b) & (curves["name"] == "acc/mean")]
     assert list(acc_b["step"]) == list(range(fx.STEPS))
     # acc = 0.1 + 0.05 * arm_index + 0.1 * step + 0.01 * seed; clip_higher is arm 2, seed 1
     assert list(acc_b["value"]) == pytest.approx([0.21 + 0.1 * s for s in range(fx.STEPS)])
     assert set(acc_b["arm"]) == {"clip_higher"} and set(acc_b["seed"]) == {1}
-    assert queries.metric_curves(engine, []).empty and queries.metric_names(engine, []) == []
+    assert reads.metric_curves(engine, []).empty and reads.metric_names(engine, []) == []
 
-    every = queries.samples(engine, a, limit=None)
+    every = reads.samples(engine, a, limit=None)
     assert sorted(set(every["step"])) == [0, fx.STEPS - 1] and len(every) == 8
-    wrong = queries.samples(engine, a, step=fx.STEPS - 1, correct=False)
+    wrong = reads.samples(engine, a, step=fx.STEPS - 1, correct=False)
     assert list(wrong["idx"]) == [1, 2]
-    cut = queries.samples(engine, a, step=fx.STEPS - 1, truncated=True)
+    cut = reads.samples(engine, a, step=fx.STEPS - 1, truncated=True)
     assert cut[["reward", "score", "overlong_penalty"]].values.tolist() == [[-1.5, -1.0, -0.5]]
     assert cut["correct"].dtype == bool and cut["truncated"].dtype == bool
-    assert len(queries.samples(engine, a, limit=3)) == 3
+    assert len(reads.samples(engine, a, limit=3)) == 3
 
 
 def test_evaluation_curves_start_at_step_zero(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
     runs = [built.run_ids[("grpo", 0)], built.run_ids[("soft_punish", 1)]]
-    curves = queries.evaluation_curves(engine, runs, fx.EVAL_DATASET, fx.EVAL_K)
-    assert list(curves.columns) == queries.CURVE_COLUMNS
-    assert set(curves["name"]) == {queries.EVAL_CURVE}
+    curves = reads.evaluation_curves(engine, runs, fx.EVAL_DATASET, fx.EVAL_K)
+    assert list(curves.columns) == reads.CURVE_COLUMNS
+    assert set(curves["name"]) == {reads.EVAL_CURVE}
     # grpo seed 0: the start 0.20, mid-run 0.30 − 0.1 = 0.20, final 0.30; the failed
     # soft_punish seed 1 has only its start (0.22)
     assert curves[["seed", "step"]].values.tolist() == [[0, 0], [0, 2], [0, 4], [1, 0]]
     assert curves["value"].tolist() == pytest.approx([0.20, 0.20, 0.30, 0.22])
-    assert queries.evaluation_curves(engine, runs, "nosuch", fx.EVAL_K).empty
-    assert queries.evaluation_curves(engine, [], fx.EVAL_DATASET, fx.EVAL_K).empty
+    assert reads.evaluation_curves(engine, runs, "nosuch", fx.EVAL_K).empty
+    assert reads.evaluation_curves(engine, [], fx.EVAL_DATASET, fx.EVAL_K).empty
 
 
 def _store_with(store_url: str, arms: list[str], ladder: list[dict[str, Any]]) -> tuple[Store, int]:
@@ -249,7 +251,7 @@ def test_scores_come_from_the_latest_completed_attempt(store_url: str) -> None:
     # c: attempt 1 completed, final 0.5 but best 0.6; a rerun is running -> 0.5, "running"
     _attempt(store, sweep_id, "c", "completed", {3: 0.6, 9: 0.5})
     _attempt(store, sweep_id, "c", "running", {2: 0.99})
-    table = queries.ablation_table(store.engine, sweep_id).set_index("arm")
+    table = ablation.ablation_table(store.engine, sweep_id).set_index("arm")
     assert list(table.index) == ["a", "b", "c"]  # c is not on the ladder: it comes last
     assert table["scores"].tolist() == [[0.2], [0.4], [0.5]]
     assert table["best_scores"].tolist() == [[0.2], [0.4], [0.6]]
@@ -264,7 +266,7 @@ def test_scores_come_from_the_latest_completed_attempt(store_url: str) -> None:
 def test_arms_follow_the_ladder_not_the_sweeps_order(store_url: str) -> None:
     ladder = [{"arm": n, "adds": n.upper(), "paper_score": 10 * i} for i, n in enumerate("xyz")]
     store, sweep_id = _store_with(store_url, ["z", "x"], ladder)
-    table = queries.ablation_table(store.engine, sweep_id)
+    table = ablation.ablation_table(store.engine, sweep_id)
     assert list(table["arm"]) == ["x", "z"]  # only the sweep's arms, in ladder order
     assert list(table["adds"]) == ["X", "Z"] and list(table["paper_score"]) == [0.0, 20.0]
     assert list(table["status"]) == ["pending", "pending"]  # no runs yet
@@ -284,35 +286,35 @@ def test_the_evaluation_most_runs_have_scores_the_table(store_url: str) -> None:
                 sink.log_evaluation(5, {"dataset": "gsm", "k": 1, "avg_at_k": 0.9})
         store.update_run(run_id, status="completed")
     # aime@32 and math@4 tie on runs: the first by name wins
-    table = queries.ablation_table(store.engine, sweep_id)
+    table = ablation.ablation_table(store.engine, sweep_id)
     assert (table["eval_dataset"].iloc[0], table["eval_k"].iloc[0]) == ("aime", 32)
     assert list(table["score_mean"]) == pytest.approx([0.1, 0.2])
-    chosen = queries.ablation_table(store.engine, sweep_id, dataset="math")
+    chosen = ablation.ablation_table(store.engine, sweep_id, dataset="math")
     assert list(chosen["score_mean"]) == pytest.approx([0.6, 0.7])
     assert chosen["eval_k"].iloc[0] == 4
     # one asked for that the sweep does not have: say which there are (`dapo table` exits 2)
     have = "it has: aime avg@32, gsm avg@1, math avg@4"
     with pytest.raises(NotFound, match=f"no evaluation with dataset 'nope' k=3; {have}$"):
-        queries.ablation_table(store.engine, sweep_id, dataset="nope", k=3)
+        ablation.ablation_table(store.engine, sweep_id, dataset="nope", k=3)
     with pytest.raises(NotFound, match=f"no evaluation with k=99; {have}$"):
-        queries.ablation_table(store.engine, sweep_id, k=99)
+        ablation.ablation_table(store.engine, sweep_id, k=99)
     with pytest.raises(NotFound, match="no evaluation with dataset 'gsm' k=4"):
-        queries.ablation_table(store.engine, sweep_id, dataset="gsm", k=4)
-    assert queries.ablation_table(store.engine, sweep_id, k=1)["eval_dataset"].iloc[0] == "gsm"
+        ablation.ablation_table(store.engine, sweep_id, dataset="gsm", k=4)
+    assert ablation.ablation_table(store.engine, sweep_id, k=1)["eval_dataset"].iloc[0] == "gsm"
 
 
 def test_an_empty_store(store_url: str) -> None:
     engine = Store(store_url).engine
-    assert queries.list_sweeps(engine).empty
-    assert list(queries.list_sweeps(engine).columns) == queries.SWEEP_COLUMNS
-    assert queries.latest_sweep_id(engine) is None
+    assert ablation.list_sweeps(engine).empty
+    assert list(ablation.list_sweeps(engine).columns) == ablation.SWEEP_COLUMNS
+    assert reads.latest_sweep_id(engine) is None
 
 
 def test_an_arm_still_running_shows_its_progress(store_url: str) -> None:
     store, sweep_id = _store_with(store_url, ["a"], [{"arm": "a"}])
     run_id = _attempt(store, sweep_id, "a", "running", {})
     store.update_run(run_id, steps=7, tokens=700)
-    row = queries.ablation_table(store.engine, sweep_id).iloc[0]
+    row = ablation.ablation_table(store.engine, sweep_id).iloc[0]
     assert (row["status"], row["steps"], row["tokens"], row["n_seeds"]) == ("running", 7, 700, 0)
     assert math.isnan(row["score_mean"]) and row["run_ids"] == [run_id]
 
@@ -353,7 +355,7 @@ def test_three_seeds_paired_delta_and_a_significant_leader(store_url: str) -> No
     for arm, scores in finals.items():
         for seed, score in enumerate(scores):
             _seeded(store, sweep_id, arm, seed, {0: 0.30, 10: score})
-    table = queries.ablation_table(store.engine, sweep_id).set_index("arm")
+    table = ablation.ablation_table(store.engine, sweep_id).set_index("arm")
     # base (0.40, 0.50, 0.60): mean 0.5, s = 0.1, s / √3 = 0.057735, t(0.975, 2) = 4.302653
     # -> 0.5 ± 0.248414; x: mean 0.54, s = 0.11 -> 0.54 ± 0.273255: the intervals overlap
     assert _bounds(table.loc["base", "score"]) == pytest.approx((0.251586, 0.748414), abs=1e-6)
@@ -365,7 +367,7 @@ def test_three_seeds_paired_delta_and_a_significant_leader(store_url: str) -> No
     # gain of base over its start 0.30: (0.10, 0.20, 0.30) -> 0.2 ± 0.248414
     assert _bounds(table.loc["base", "gain"]) == pytest.approx((-0.048414, 0.448414), abs=1e-6)
     # x has the highest mean and leads the runner-up (base) significantly: it is named
-    sweeps = queries.list_sweeps(store.engine).set_index("sweep_id")
+    sweeps = ablation.list_sweeps(store.engine).set_index("sweep_id")
     assert sweeps.loc[sweep_id, "best_arm"] == "x"
     assert sweeps.loc[sweep_id, "best_score"] == pytest.approx(0.54)
 
@@ -378,16 +380,16 @@ def test_explicit_parents_and_ancestors_outside_the_sweep() -> None:
         {"arm": "d", "parent": "b"},
     ]
     sweep = SimpleNamespace(ladder=ladder, arms=["a", "b", "c", "d"])
-    assert queries.parents(sweep, ["a", "b", "c", "d"]) == {
+    assert reads.parents(sweep, ["a", "b", "c", "d"]) == {
         "a": None,
         "b": "a",
         "c": "a",
         "d": "b",
     }
     # a sweep of a, c and d: d's parent b is not run, so its own parent a stands in
-    assert queries.parents(sweep, ["a", "c", "d"]) == {"a": None, "c": "a", "d": "a"}
+    assert reads.parents(sweep, ["a", "c", "d"]) == {"a": None, "c": "a", "d": "a"}
     # an arm outside the ladder compares with the row above it
-    assert queries.parents(sweep, ["a", "b", "z"])["z"] == "b"
+    assert reads.parents(sweep, ["a", "b", "z"])["z"] == "b"
 
 
 def test_delta_parent_follows_the_explicit_parent(store_url: str) -> None:
@@ -401,11 +403,11 @@ def test_delta_parent_follows_the_explicit_parent(store_url: str) -> None:
         conn.execute(sa.update(SWEEPS).where(SWEEPS.c.id == sweep_id).values(ladder=ladder))
     for arm, score in (("a", 0.2), ("b", 0.5), ("c", 0.3)):
         _seeded(store, sweep_id, arm, 0, {5: score})
-    table = queries.ablation_table(store.engine, sweep_id).set_index("arm")
+    table = ablation.ablation_table(store.engine, sweep_id).set_index("arm")
     assert table.loc["c", "parent"] == "a"
     assert table.loc["c", "delta_parent"].mean == pytest.approx(0.1)  # 0.3 − 0.2, not − 0.5
     run_c = int(table.loc["c", "run_ids"][0])
-    assert queries.previous_arm_run(store.engine, run_c) == int(table.loc["a", "run_ids"][0])
+    assert reads.previous_arm_run(store.engine, run_c) == int(table.loc["a", "run_ids"][0])
 
 
 def test_start_of_a_resumed_rerun_and_seeds_on_other_problems(store_url: str) -> None:
@@ -422,7 +424,7 @@ def test_start_of_a_resumed_rerun_and_seeds_on_other_problems(store_url: str) ->
     # b seed 0 on the same 30 problems; b seed 1 was evaluated on 40: not the same problems
     _seeded(store, sweep_id, "b", 0, {0: 0.25, 10: 0.50}, n_problems=30)
     _seeded(store, sweep_id, "b", 1, {0: 0.25, 10: 0.65}, n_problems=40)
-    table = queries.ablation_table(store.engine, sweep_id).set_index("arm")
+    table = ablation.ablation_table(store.engine, sweep_id).set_index("arm")
     assert table.loc["a", "start_scores"] == pytest.approx([0.25, 0.25])
     # gain (0.20, 0.30): 0.25 ± 12.7062 · 0.05 = [-0.38531, 0.88531]
     assert _bounds(table.loc["a", "gain"]) == pytest.approx((-0.38531, 0.88531), abs=1e-5)
@@ -431,29 +433,6 @@ def test_start_of_a_resumed_rerun_and_seeds_on_other_problems(store_url: str) ->
 
 
 # --- mechanisms --------------------------------------------------------------------------------
-
-
-def test_mechanism_metric_names_are_dapo_cores() -> None:
-    """db/ cannot import dapo_core: its copies of the names must be the trainer's names."""
-    from dapo_core import metric_names as mn
-
-    assert mechanisms.DEFAULT_METRICS == (
-        mn.RESPONSE_CLIP_RATIO,
-        mn.LOSS_TRUNCATED_SHARE,
-        mn.OVERLONG_PENALTY_MEAN,
-        mn.CLIP_RATIO_HIGH,
-        mn.CLIP_RATIO_LOW,
-        mn.ENTROPY_MEAN,
-        mn.LOSS_LONG_SHARE,
-        mn.KEPT_GROUPS,
-        mn.TRAIN_INFORMATIVE,
-        mn.GEN_BATCHES,
-        mn.RESPONSE_LENGTH_MEAN,
-        mn.ACC_MEAN,
-    )
-    known = {v for k, v in vars(mn).items() if k.isupper() and isinstance(v, str)}
-    named = {m for ms in mechanisms.FOCUS.values() for m in ms} | set(mechanisms.PERCENT)
-    assert named <= known, named - known
 
 
 def test_config_changes_and_the_metrics_they_are_about() -> None:
@@ -499,8 +478,8 @@ def test_mechanism_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa
     """Windows of 2 of the fixture's 5 rollout steps: first = steps 0-1, last = steps 3-4;
     the formulas are tests/dashboard_fixtures.step_metrics'."""
     built, engine = ladder
-    table = queries.mechanism_table(engine, built.sweep_id, window=2)
-    assert list(table.columns) == queries.MECHANISM_COLUMNS
+    table = mechanism_table(engine, built.sweep_id, window=2)
+    assert list(table.columns) == MECHANISM_COLUMNS
     assert list(table["arm"]) == [a for a in fx.ARMS for _ in mechanisms.DEFAULT_METRICS]
     assert (table["window"] == 2).all()
     # what each arm changes, from its runs' configs against its parent's, and what that is about
@@ -568,23 +547,21 @@ def test_mechanism_table_of_the_ladder_by_hand(ladder: tuple[fx.FixtureStore, sa
     assert batches["delta_parent"].mean == pytest.approx(0.85)
 
     # a window longer than the runs: first and last are both the mean over all 5 steps
-    whole = queries.mechanism_table(
-        engine, built.sweep_id, ["response_length/clip_ratio"], window=10
-    )
+    whole = mechanism_table(engine, built.sweep_id, ["response_length/clip_ratio"], window=10)
     row = _mech(whole, "grpo", "response_length/clip_ratio")
     assert row["first_values"] == pytest.approx([0.16, 0.17])
     assert row["last_values"] == pytest.approx([0.16, 0.17])
     with pytest.raises(ValueError, match="window must be at least 1"):
-        queries.mechanism_table(engine, built.sweep_id, window=0)
+        mechanism_table(engine, built.sweep_id, window=0)
     with pytest.raises(NotFound, match="no sweep with id 999999"):
-        queries.mechanism_table(engine, 999999)
+        mechanism_table(engine, 999999)
 
 
 def test_a_metric_older_runs_did_not_log_reads_as_missing(
     ladder: tuple[fx.FixtureStore, sa.Engine],
 ) -> None:
     built, engine = ladder
-    table = queries.mechanism_table(engine, built.other_sweep_id, window=2)
+    table = mechanism_table(engine, built.other_sweep_id, window=2)
     share = _mech(table, "overlong_filter", "loss/long_share")
     assert (share["seeds"], share["last"].n, share["delta_parent"].n) == ([], 0, 0)
     text = mechanisms.render(table, "text")
@@ -594,8 +571,8 @@ def test_a_metric_older_runs_did_not_log_reads_as_missing(
 
 def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engine]) -> None:
     built, engine = ladder
-    table = queries.mechanism_table(engine, built.sweep_id, window=2)
-    text = mechanisms.render(table, "text", focus_only=True)
+    table = mechanism_table(engine, built.sweep_id, window=2)
+    text = mechanisms.render(table, "text", focus_only=True, wide=True)
     lines = text.splitlines()
     assert lines[0].startswith("per seed, the metric's mean over the first and the last 2")
     header = lines[2].split("  ")
@@ -609,7 +586,9 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
         "Δ parent",
         "Δ parent, first 2",
     ]
-    body = [" ".join(x.split()) for x in lines[4:]]
+    # one-seed values are bare numbers; what that means is said once, under the rows
+    assert lines[-1] == mechanisms.SINGLE_NOTE
+    body = [" ".join(x.split()) for x in lines[4:-1]]
     # percent with three significant digits, Δ in points; the base arm changes nothing: no row.
     # Δ parent on the last 2 steps, then on the first 2: they part where the metric's gap to
     # the parent moves with the step (the truncated share, the penalty, generation batches)
@@ -625,24 +604,22 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
         "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] * "
         "+0.210 [+0.083, +0.337] *",
         "soft_punish clip_higher algo.overlong_penalty ◆ response_length/clip_ratio (%) "
-        "10.0 (n=1, no interval) 4.00 (n=1, no interval) -4.00 (n=1, no interval) "
-        "-4.00 (n=1, no interval)",
+        "10.0 4.00 -4.00 "
+        "-4.00",
         # the penalty −(0.1 + 0.01·step): first 2 steps −0.105 against the parent's 0
-        "◆ reward/overlong_penalty_mean -0.105 (n=1, no interval) -0.135 (n=1, no interval) "
-        "-0.135 (n=1, no interval) -0.105 (n=1, no interval)",
+        "◆ reward/overlong_penalty_mean -0.105 -0.135 -0.135 -0.105",
         "token_loss soft_punish algo.loss_agg ◆ loss/long_share (%) "
-        "65.5 [59.1, 71.9] 65.5 [59.1, 71.9] +15.0 (n=1, no interval) +15.0 (n=1, no interval)",
+        "65.5 [59.1, 71.9] 65.5 [59.1, 71.9] +15.0 +15.0",
         # the training batch is all informative under dynamic sampling (1.0) and as informative
         # as what was generated without it (token_loss seed 0: 0.5): +50 pp
         "dapo token_loss algo.dynamic_sampling ◆ sampling/train_informative (%) "
-        "100 (n=1, no interval) 100 (n=1, no interval) +50.0 (n=1, no interval) "
-        "+50.0 (n=1, no interval)",
+        "100 100 +50.0 "
+        "+50.0",
         # 1 + (0.5 + 0.1·step) batches: first 2 steps 1.55 against the parent's 1
-        "◆ sampling/gen_batches 1.55 (n=1, no interval) 1.85 (n=1, no interval) "
-        "+0.850 (n=1, no interval) +0.550 (n=1, no interval)",
+        "◆ sampling/gen_batches 1.55 1.85 +0.850 +0.550",
     ]
-    full = mechanisms.render(table, "text").splitlines()
-    assert len(full) == 4 + len(fx.ARMS) * len(mechanisms.DEFAULT_METRICS)
+    full = mechanisms.render(table, "text", wide=True).splitlines()
+    assert len(full) == 4 + len(fx.ARMS) * len(mechanisms.DEFAULT_METRICS) + 1  # + the note
     markdown = mechanisms.render(table, "markdown", focus_only=True)
     assert markdown.startswith("| arm | parent | changes | metric | first 2 | last 2 | Δ parent |")
     assert "| -5.00 [-5.00, -5.00] \\* |" in markdown  # the mark escaped, not emphasis
@@ -677,7 +654,7 @@ def test_grid_fixture_is_what_the_grid_expansion_stores() -> None:
 def test_a_grid_sweep_compares_each_point_with_its_base(store_url: str) -> None:
     built = fx.build_grid_sweep(store_url)
     engine = Store(store_url).engine
-    table = queries.ablation_table(engine, built.sweep_id).set_index("arm")
+    table = ablation.ablation_table(engine, built.sweep_id).set_index("arm")
     arms = list(fx.GRID_POINTS)
     assert list(table.index) == arms
     # every point's parent is the base, not the row above it
@@ -694,9 +671,9 @@ def test_a_grid_sweep_compares_each_point_with_its_base(store_url: str) -> None:
     # the base (0.45, 0.46, 0.47): 0.46 ± 0.024841
     assert _bounds(table.loc["dapo", "score"]) == pytest.approx((0.435159, 0.484841), abs=1e-6)
 
-    assert queries.grid_keys(engine, built.sweep_id) == list(fx.GRID_KEYS)
-    grid = queries.grid_table(engine, built.sweep_id, metric="clip_ratio/high", window=2)
-    assert list(grid.columns) == queries.GRID_COLUMNS
+    assert grids.grid_keys(engine, built.sweep_id) == list(fx.GRID_KEYS)
+    grid = grids.grid_table(engine, built.sweep_id, metric="clip_ratio/high", window=2)
+    assert list(grid.columns) == grids.GRID_COLUMNS
     assert list(grid["arm"]) == arms
     assert grid["base"].tolist() == [True] + [False] * (len(arms) - 1)
     assert grid["point"].iloc[0] == {"algo.clip_high": 0.28, "algo.clip_low": 0.2}
@@ -708,7 +685,7 @@ def test_a_grid_sweep_compares_each_point_with_its_base(store_url: str) -> None:
         [0.021, 0.031, 0.031, 0.021, 0.011, 0.011]
     )
     # what each point changes: the base its swept keys, a point the keys it moves off the base
-    mech = queries.mechanism_table(engine, built.sweep_id, ["clip_ratio/high"], window=2)
+    mech = mechanism_table(engine, built.sweep_id, ["clip_ratio/high"], window=2)
     assert dict(zip(mech["arm"], mech["changes"], strict=True)) == {
         "dapo": ("algo.clip_high", "algo.clip_low"),
         "dapo-clip_high=0.24-clip_low=0.16": ("algo.clip_high", "algo.clip_low"),
@@ -719,5 +696,5 @@ def test_a_grid_sweep_compares_each_point_with_its_base(store_url: str) -> None:
     }
     # a sweep that is not a grid has no grid table
     store, plain = _store_with(store_url, ["a"], [{"arm": "a"}])
-    assert queries.grid_keys(store.engine, plain) == []
-    assert queries.grid_table(store.engine, plain).empty
+    assert grids.grid_keys(store.engine, plain) == []
+    assert grids.grid_table(store.engine, plain).empty

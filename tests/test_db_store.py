@@ -21,7 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from db import migrate, queries
+from db import migrate, reads
 from db.engine import get_engine
 from db.errors import NotFound, SchemaMismatch
 from db.models import TABLES, Base
@@ -374,7 +374,7 @@ def test_nan_is_null_in_the_store_and_nan_in_curves(store_url: str) -> None:
     run_id = new_run(store, new_sweep(store))
     with store.sink(run_id) as sink:
         sink.log_metrics(0, {"entropy": float("nan"), "acc": -float("inf")})
-    curves = queries.metric_curves(store.engine, [run_id])
+    curves = reads.metric_curves(store.engine, [run_id])
     assert curves["value"].isna().all() and len(curves) == 2
 
 
@@ -415,7 +415,7 @@ def test_samples_of_a_step_are_replaced_and_keep_their_parts(store_url: str) -> 
                                      overlong_penalty=-0.25, truncated=True, response="a\x00b",
                                      tokens=[1, 2])])  # fmt: skip
         sink.log_samples(4, [_sample(1)])
-    frame = queries.samples(store.engine, run_id, step=3)
+    frame = reads.samples(store.engine, run_id, step=3)
     assert len(frame) == 1
     row = frame.iloc[0]
     assert (row["idx"], row["correct"], row["truncated"]) == (0, False, True)
@@ -424,7 +424,7 @@ def test_samples_of_a_step_are_replaced_and_keep_their_parts(store_url: str) -> 
     with store.engine.connect() as conn:
         extra = conn.execute(sa.text("SELECT extra FROM samples WHERE step = 3")).scalar()
     assert extra in ({"tokens": [1, 2]}, '{"tokens": [1, 2]}')
-    assert queries.sample_steps(store.engine, run_id) == [3, 4]
+    assert reads.sample_steps(store.engine, run_id) == [3, 4]
 
 
 def test_evaluations_upsert_on_run_dataset_k_step(store_url: str) -> None:
@@ -441,7 +441,7 @@ def test_evaluations_upsert_on_run_dataset_k_step(store_url: str) -> None:
             sink.log_evaluation(30, result | {"k": None})
         with pytest.raises(ValueError, match="needs a dataset"):
             sink.log_evaluation(30, result | {"dataset": ""})
-    evals = queries.evaluations(store.engine, run_id)
+    evals = reads.evaluations(store.engine, run_id)
     assert evals[["step", "k", "avg_at_k"]].values.tolist() == [[10, 4, 0.3], [10, 8, 0.35],
                                                                 [20, 4, 0.4]]  # fmt: skip
     assert math.isnan(evals["pass_at_k"].iloc[2]) and evals["n_problems"].iloc[0] == 30
@@ -465,8 +465,8 @@ def test_copy_history_keeps_the_curve_of_a_resumed_attempt(store_url: str) -> No
     rows = metric_rows(store, new)
     assert [(s, n) for s, n, _ in rows] == [(s, n) for s in range(4) for n in ("acc", "loss")]
     assert dict(((s, n), v) for s, n, v in rows)[(3, "acc")] == 0.99
-    assert queries.sample_steps(store.engine, new) == [0, 1, 2, 3]
-    assert queries.evaluations(store.engine, new)["step"].tolist() == [2]
+    assert reads.sample_steps(store.engine, new) == [0, 1, 2, 3]
+    assert reads.evaluations(store.engine, new)["step"].tolist() == [2]
     assert len(metric_rows(store, old)) == 10  # the source is untouched
     store.copy_history(old, new, up_to_step=3)  # copying twice changes nothing
     assert metric_rows(store, new) == rows
@@ -530,10 +530,97 @@ def test_db_imports_no_training_stack_nor_other_layers() -> None:
             for name in names:
                 assert name.split(".")[0] not in FORBIDDEN, f"{path} imports {name}"
     code = (
-        "import sys, db.cli, db.store, db.queries, db.table_format; "
+        "import sys, db.cli, db.store, db.reads, db.ablation, db.mechanism_table, db.grids, "
+        "db.table_format; "
         f"print(sorted(m for m in {sorted(FORBIDDEN)!r} if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert done.stdout.strip() == "[]"
+
+
+# --- the lease on an attempt (integrity item 2) -------------------------------------------------
+def _claim(store: Store, sweep_id: int, after: int | None, **kw: Any) -> Any:
+    return store.resume_attempt(
+        sweep_id=sweep_id,
+        arm="grpo",
+        seed=0,
+        config={"arm": "grpo"},
+        config_hash="hash-grpo",
+        after=after,
+        resume_step=kw.pop("resume_step", None),
+        checkpoint_dir=kw.pop("checkpoint_dir", lambda run_id: f"/runs/run{run_id}"),
+        **kw,
+    )
+
+
+def test_resume_attempt_claims_the_arm_in_one_transaction(store_url: str) -> None:
+    """The claim holds the new attempt for its process; a second claim is RunHeld naming it;
+    a claim planned on an older newest attempt is AttemptChanged; ending the attempt releases
+    the lease; resuming copies the curve up to the checkpoint and carries time and tries on."""
+    from db.models import RUN_LEASE_S
+    from db.store import AttemptChanged, Holder, RunHeld
+
+    store = Store(store_url)
+    sweep_id = new_sweep(store)
+    here, other = Holder("host-a", 101), Holder("host-b", 202)
+    first = _claim(store, sweep_id, None, holder=here)
+    row = store.get_run(first.run_id)
+    assert (first.attempt, first.checkpoint_dir, first.superseded) == (
+        1,
+        f"/runs/run{first.run_id}",
+        None,
+    )
+    assert (row["status"], row["lease_host"], row["lease_pid"]) == ("running", "host-a", 101)
+    assert row["checkpoint_dir"] == first.checkpoint_dir and row["lease_at"] is not None
+
+    with pytest.raises(
+        RunHeld,
+        match=r"grpo s0 of sweep \d+ is held by run \d+ \(attempt 1\): host-a pid 101 since",
+    ):
+        _claim(store, sweep_id, first.run_id, holder=other)
+    assert store.lease_of(sweep_id, "grpo", 0).pid == 101  # type: ignore[union-attr]
+    with store.sink(first.run_id) as sink:
+        sink.log_metrics(1, {"m": 1.0})
+        sink.log_metrics(2, {"m": 2.0})
+    store.set_wall(first.run_id, 30.0)
+    store.begin_try(first.run_id)
+
+    assert store.end_attempt(first.run_id, "failed", error="boom")
+    failed = store.get_run(first.run_id)
+    assert (failed["status"], failed["lease_pid"], failed["lease_at"]) == ("failed", None, None)
+    assert store.lease_of(sweep_id, "grpo", 0) is None
+    with pytest.raises(AttemptChanged, match="newest attempt is run"):
+        _claim(store, sweep_id, None, holder=other)
+
+    resumed = _claim(
+        store, sweep_id, first.run_id, holder=other, resume_step=1, checkpoint_dir="/runs/a"
+    )
+    assert (resumed.attempt, resumed.superseded, resumed.wall_s, resumed.tries) == (
+        2, first.run_id, 30.0, 1,
+    )  # fmt: skip
+    assert metric_rows(store, resumed.run_id) == [(1, "m", 1.0)]
+    assert store.get_run(first.run_id)["superseded_by"] == resumed.run_id
+    # A newer attempt took it over: the old holder's heartbeat and its end write nothing.
+    assert not store.set_wall(first.run_id, 99.0) and not store.end_attempt(first.run_id, "failed")
+    assert store.get_run(first.run_id)["wall_s"] == 30.0
+
+    # A lease whose heartbeat is older than RUN_LEASE_S is free, and is taken over.
+    from datetime import timedelta
+
+    from db.models import RUNS, utcnow
+
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(RUNS)
+            .where(RUNS.c.id == resumed.run_id)
+            .values(updated_at=utcnow() - timedelta(seconds=RUN_LEASE_S + 1))
+        )
+    assert store.lease_of(sweep_id, "grpo", 0) is None
+    third = _claim(store, sweep_id, resumed.run_id, holder=here)
+    stale = store.get_run(resumed.run_id)
+    assert (stale["status"], stale["superseded_by"], stale["lease_pid"]) == (
+        "cancelled", third.run_id, None,
+    )  # fmt: skip
+    assert stale["error"] == f"superseded by run {third.run_id}: it started over"

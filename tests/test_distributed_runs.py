@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_runner import ListSink
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train.checkpoint import (

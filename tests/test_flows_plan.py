@@ -329,7 +329,8 @@ def test_the_flow_signature_is_the_models_fields() -> None:
     assert signature.parameters["resources"].default == Resources()
     doc = flow_fn.__doc__ or ""
     assert doc.startswith("Summary line.\n\nArgs:\n")
-    assert "    steps: Rollout steps per arm (default: the preset's).\n" in doc
+    # The description is the sweep_fields row's, naming the key it sets.
+    assert "    steps: Rollout steps per run (default: the preset's run.steps).\n" in doc
     assert "    sweep_id: An existing sweep.\n" in doc
     arm_signature = inspect.signature(takes(ArmParams)(lambda **kw: kw))
     assert "extend" in arm_signature.parameters

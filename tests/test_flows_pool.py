@@ -27,9 +27,9 @@ import yaml
 from dapo_cli import stored_sweep
 from test_flows_served import FAST, _healthy, _stop, _wait_for, prefect_client
 
+from dapo_common.util import free_port
 from dapo_core.train.run_dir import latest_step
 from flows import deploy, ray_worker
-from flows.local_server import free_port
 from flows.params import SweepParams, validate
 
 pytestmark = pytest.mark.slow
@@ -329,7 +329,7 @@ def test_deploy_creates_the_pool_and_the_three_deployments_with_the_served_forms
 def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
     team: Team, deployed: str
 ) -> None:
-    from db import queries
+    from db import ablation, reads
 
     worker = team.start_worker("w1")
     params = {
@@ -345,13 +345,13 @@ def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
     assert run.work_pool_name == POOL and submitted_by(team, flow_run_id) == "w1"
 
     st = store(team)
-    sweeps = queries.list_sweeps(st.engine)
+    sweeps = ablation.list_sweeps(st.engine)
     sweep_id = int(sweeps[sweeps["flow_run_id"] == str(flow_run_id)]["sweep_id"].iloc[0])
     assert st.get_sweep(sweep_id)["status"] == "completed"
-    runs = queries.runs_of_sweep(st.engine, sweep_id)
+    runs = reads.runs_of_sweep(st.engine, sweep_id)
     assert sorted(runs["arm"]) == ["clip_higher", "grpo"]
     assert set(runs["status"]) == {"completed"} and list(runs["steps"]) == [2, 2]
-    curves = queries.metric_curves(st.engine, [int(r) for r in runs["run_id"]])
+    curves = reads.metric_curves(st.engine, [int(r) for r in runs["run_id"]])
     assert set(curves["run_id"]) == {int(r) for r in runs["run_id"]}
     with prefect_client(team.api_url) as client:
         arm_dep = client.read_deployment_by_name("ablation-arm/dapo-arm")
@@ -368,7 +368,7 @@ def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
 
 # --- two workers share the work -----------------------------------------------------------------
 def test_two_workers_on_the_pool_share_the_runs(team: Team, deployed: str) -> None:
-    from db import queries
+    from db import reads
 
     # One run at a time each: two runs at once must go one to each.
     for name in ("a", "b"):
@@ -382,7 +382,7 @@ def test_two_workers_on_the_pool_share_the_runs(team: Team, deployed: str) -> No
     assert all(run.state.is_completed() for run in runs), [run.state for run in runs]
     assert sorted(submitted_by(team, flow_run_id) or "" for flow_run_id in ids) == ["a", "b"]
     assert len({run.infrastructure_pid for run in runs}) == 2
-    table = queries.runs_of_sweep(store(team).engine, sweep_id)
+    table = reads.runs_of_sweep(store(team).engine, sweep_id)
     assert set(table["status"]) == {"completed"} and list(table["steps"]) == [2, 2]
 
 
@@ -397,7 +397,7 @@ def test_a_killed_worker_leaves_a_crashed_run_that_a_rerun_on_the_other_worker_r
     is then rerun (what the dashboard's button does) and the other worker picks the rerun
     up; it resumes from the last checkpoint and completes every step once."""
     from dashboard.rerun import request_rerun
-    from db import queries
+    from db import reads
 
     for name in ("a", "b"):  # those of the test before, or new ones when run alone
         if name not in team.workers or team.workers[name].poll() is not None:
@@ -414,7 +414,7 @@ def test_a_killed_worker_leaves_a_crashed_run_that_a_rerun_on_the_other_worker_r
         if latest is None or not latest.get("checkpoint_dir"):
             return None
         step = latest_step(latest["checkpoint_dir"])
-        metrics = not queries.metric_curves(st.engine, [int(latest["run_id"])]).empty
+        metrics = not reads.metric_curves(st.engine, [int(latest["run_id"])]).empty
         return (int(latest["run_id"]), latest["checkpoint_dir"], step) if step and metrics else None
 
     run_id, run_dir, step = _wait_for(checkpointed, "the first checkpoint", FLOW_TIMEOUT_S)
@@ -449,7 +449,7 @@ def test_a_killed_worker_leaves_a_crashed_run_that_a_rerun_on_the_other_worker_r
     assert latest["steps"] == steps and latest["checkpoint_dir"] == run_dir
     superseded = st.get_run(run_id)
     assert superseded["status"] == "cancelled" and superseded["superseded_by"] == latest["run_id"]
-    curves = queries.metric_curves(st.engine, [int(latest["run_id"])])
+    curves = reads.metric_curves(st.engine, [int(latest["run_id"])])
     training = curves[~curves["name"].str.startswith("eval/")]
     assert sorted(set(training["step"])) == list(range(1, steps + 1))
     assert not curves.duplicated(["step", "name"]).any()

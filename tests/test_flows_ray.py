@@ -339,7 +339,7 @@ def test_a_lost_worker_ends_the_try_and_frees_the_group(tmp_path: Path) -> None:
 def test_a_two_worker_arm_inside_dapo_sweep_is_recorded_in_the_store(tmp_path: Path) -> None:
     """Issue 11 §4: `dapo sweep --workers 2` through Prefect and a local Ray: two actors in one
     placement group, one run in the store with every step once and a sharded checkpoint."""
-    from db import queries
+    from db import reads
     from db.engine import get_engine
 
     env = store_env(tmp_path, _env(), OMP_NUM_THREADS="1")
@@ -348,15 +348,15 @@ def test_a_two_worker_arm_inside_dapo_sweep_is_recorded_in_the_store(tmp_path: P
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 workers × (1 CPU), PACK; checkpoints in " + str(tmp_path / "runs") in done.stdout
     engine = get_engine(url)
-    sweep = queries.latest_sweep_id(engine)
+    sweep = reads.latest_sweep_id(engine)
     assert sweep is not None
-    (run_id,) = queries.runs_of_sweep(engine, sweep)["run_id"]
-    run = queries.run_details(engine, int(run_id))
+    (run_id,) = reads.runs_of_sweep(engine, sweep)["run_id"]
+    run = reads.run_details(engine, int(run_id))
     assert (run["status"], run["tries"], run["steps"]) == ("completed", 1, 2)
     assert re.fullmatch(r".+ \(node [0-9a-f]{8}@127\.0\.0\.1: ranks 0-1\)", run["host"])
     step = Path(run["checkpoint_dir"]) / "checkpoints" / "step_2"
     assert sorted(p.name for p in (step / "ranks").iterdir()) == ["rank_0.pt", "rank_1.pt"]
-    curves = queries.metric_curves(engine, [int(run_id)])
+    curves = reads.metric_curves(engine, [int(run_id)])
     assert (curves.groupby(["step", "name"]).size() == 1).all()
     assert sorted(set(curves["step"])) == [1, 2]
     # Metrics of both ranks in one row per step: rank 0 writes, with each rank's timings.

@@ -23,9 +23,9 @@ from uuid import UUID
 import pytest
 from dapo_cli import stored_sweep
 
+from dapo_common.util import free_port
 from dapo_core.train.run_dir import latest_step
 from flows import plan, ray_worker
-from flows.local_server import free_port
 from flows.params import SweepParams, validate
 
 pytestmark = pytest.mark.slow
@@ -66,6 +66,16 @@ def _wait_for(
         time.sleep(0.2)
     tail = log.read_text()[-3000:] if log and log.exists() else ""
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _healthy(api_url: str) -> bool:
@@ -223,9 +233,9 @@ def store(served: Served) -> Any:
 
 
 def sweep_ids(served: Served) -> list[int]:
-    from db import queries
+    from db import ablation
 
-    return [int(s) for s in queries.list_sweeps(store(served).engine)["sweep_id"]]
+    return [int(s) for s in ablation.list_sweeps(store(served).engine)["sweep_id"]]
 
 
 def flow_logs(served: Served, flow_run_id: UUID) -> list[str]:
@@ -318,7 +328,7 @@ def sweep(served: Served) -> dict[str, Any]:
 def test_a_sweep_runs_each_arm_as_its_own_flow_run_and_publishes_the_table(
     served: Served, sweep: dict[str, Any]
 ) -> None:
-    from db import queries
+    from db import reads
 
     st = store(served)
     sweep_id = sweep["sweep_id"]
@@ -326,16 +336,16 @@ def test_a_sweep_runs_each_arm_as_its_own_flow_run_and_publishes_the_table(
     assert row["status"] == "completed"
     assert row["flow_run_id"] == str(sweep["flow_run"].id)
 
-    runs = queries.runs_of_sweep(st.engine, sweep_id)
+    runs = reads.runs_of_sweep(st.engine, sweep_id)
     assert sorted(runs["arm"]) == ["clip_higher", "grpo"]
     assert set(runs["status"]) == {"completed"}
     assert list(runs["steps"]) == [2, 2]
-    curves = queries.metric_curves(st.engine, [int(r) for r in runs["run_id"]])
+    curves = reads.metric_curves(st.engine, [int(r) for r in runs["run_id"]])
     for run_id in runs["run_id"]:
         mine = curves[curves["run_id"] == run_id]
         assert sorted(set(mine["step"])) == [1, 2]
         assert "acc/mean" in set(mine["name"])
-        assert not queries.evaluations(st.engine, int(run_id)).empty
+        assert not reads.evaluations(st.engine, int(run_id)).empty
 
     # Each arm is a flow run of the dapo-arm deployment, a child of the sweep's flow run.
     with prefect_client(served.api_url) as client:
@@ -363,7 +373,7 @@ def test_rerunning_an_arm_from_the_dashboard_makes_a_new_attempt_and_updates_the
     served: Served, sweep: dict[str, Any]
 ) -> None:
     from dashboard.rerun import request_rerun
-    from db import queries
+    from db import ablation
 
     st = store(served)
     sweep_id = sweep["sweep_id"]
@@ -380,7 +390,7 @@ def test_rerunning_an_arm_from_the_dashboard_makes_a_new_attempt_and_updates_the
     # checkpoints are kept.
     assert second["checkpoint_dir"] != first["checkpoint_dir"]
     assert latest_step(first["checkpoint_dir"]) == 2
-    table = queries.ablation_table(st.engine, sweep_id)
+    table = ablation.ablation_table(st.engine, sweep_id)
     grpo = table[table["arm"] == "grpo"].iloc[0]
     assert int(second["run_id"]) in list(grpo["run_ids"])
     assert int(first["run_id"]) not in list(grpo["run_ids"])
@@ -394,7 +404,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
 ) -> None:
     import ray
 
-    from db import queries
+    from db import reads
 
     steps = 8
     params = validate(
@@ -411,7 +421,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
         if latest is None or not latest.get("checkpoint_dir"):
             return None
         step = latest_step(latest["checkpoint_dir"])
-        has_metrics = not queries.metric_curves(st.engine, [int(latest["run_id"])]).empty
+        has_metrics = not reads.metric_curves(st.engine, [int(latest["run_id"])]).empty
         return (
             (int(latest["run_id"]), latest["checkpoint_dir"], step)
             if step and has_metrics
@@ -424,9 +434,14 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
     assert step < steps, "the run finished before it could be killed: give it more steps"
     actor = ray_worker.training_actor(run_id)
     assert actor is not None, f"no live actor trains run {run_id}"
+    pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60)
     ray.kill(actor)
-    # Training is fast: a later checkpoint may land between the look above and the kill. The
-    # checkpoints there when the actor died are kept as they are (inodes), whichever is last.
+    # ray.kill returns before the actor's process is gone: it went on to write a later step's
+    # checkpoint after the look below (seen under load: the retry resumed step 3, which the
+    # look had missed). Look once the process has exited, so that the look holds every
+    # checkpoint the killed try wrote; the replacement resumes the newest of them, whichever
+    # it is, and leaves it as it was (inodes).
+    _wait_for(lambda: not _process_alive(pid), "the killed actor's process to exit", 60.0)
     inodes = {
         int(path.parent.name.removeprefix("step_")): path.stat().st_ino
         for path in (Path(run_dir) / "checkpoints").glob("step_*/trainer_state.pt")
@@ -458,7 +473,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
     state_file = Path(run_dir) / "checkpoints" / f"step_{resumed[0]}" / "trainer_state.pt"
     assert resumed[0] in inodes and state_file.stat().st_ino == inodes[resumed[0]]
     # Every step once, each with the same metrics, and the counters continue across the kill.
-    curves = queries.metric_curves(st.engine, [run_id])
+    curves = reads.metric_curves(st.engine, [run_id])
     training = curves[~curves["name"].str.startswith("eval/")]  # the last step adds its eval
     per_step = training.groupby("step")["name"].apply(lambda names: tuple(sorted(names)))
     assert list(per_step.index) == list(range(1, steps + 1))
@@ -544,7 +559,7 @@ def test_a_ladder_typed_into_the_form_runs_and_an_arm_reruns_from_the_dashboard(
     rerun sends only (sweep, arm, seed) and the arm deployment rebuilds the same config from
     the ladder stored with the sweep."""
     from dashboard.rerun import request_rerun
-    from db import queries
+    from db import ablation
 
     params = {"ladder": FORM_LADDER, "seeds": [0], "steps": 2, "overrides": FAST}
     run = wait_final(served, trigger(served, "ablation-sweep/dapo-sweep", params))
@@ -571,7 +586,7 @@ def test_a_ladder_typed_into_the_form_runs_and_an_arm_reruns_from_the_dashboard(
     second = st.latest_attempt(sweep_id, "base-clip_high=0.3", 0)
     assert second["attempt"] == 2 and second["status"] == "completed"
     assert second["config_hash"] == first["config_hash"]
-    table = queries.ablation_table(st.engine, sweep_id)
+    table = ablation.ablation_table(st.engine, sweep_id)
     assert list(table["arm"]) == ["base", "base-clip_high=0.3"]
     assert list(table["parent"].fillna("")) == ["", "base"]
 
@@ -579,7 +594,7 @@ def test_a_ladder_typed_into_the_form_runs_and_an_arm_reruns_from_the_dashboard(
 def test_the_eval_deployment_scores_a_stored_checkpoint(
     served: Served, sweep: dict[str, Any]
 ) -> None:
-    from db import queries
+    from db import reads
 
     st = store(served)
     run_id = int(st.latest_attempt(sweep["sweep_id"], "clip_higher", 0)["run_id"])
@@ -588,7 +603,7 @@ def test_the_eval_deployment_scores_a_stored_checkpoint(
     )
     run = wait_final(served, flow_run_id)
     assert run.state.is_completed(), run.state
-    evals = queries.evaluations(st.engine, run_id)
+    evals = reads.evaluations(st.engine, run_id)
     added = evals[evals["k"] == 1]
     assert (
         len(added) == 1
@@ -622,7 +637,7 @@ def test_cancelling_an_arm_never_reopens_one_its_runner_already_cancelled(served
 def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: Served) -> None:
     from prefect.states import Cancelling
 
-    from db import queries
+    from db import ablation, reads
 
     params = {
         "arms": ["overlong_filter"],
@@ -635,12 +650,12 @@ def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: 
     st = store(served)
 
     def training() -> dict[str, Any] | None:
-        sweeps = queries.list_sweeps(st.engine)
+        sweeps = ablation.list_sweeps(st.engine)
         mine = sweeps[sweeps["flow_run_id"] == str(sweep_run_id)]
         if mine.empty:
             return None
         latest = st.latest_attempt(int(mine["sweep_id"].iloc[0]), "overlong_filter", 0)
-        if latest is None or queries.metric_curves(st.engine, [int(latest["run_id"])]).empty:
+        if latest is None or reads.metric_curves(st.engine, [int(latest["run_id"])]).empty:
             return None
         return latest
 

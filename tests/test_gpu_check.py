@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 from test_bf16_head import gpu_check
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.setup.plan import GIB, plan_memory
 from dapo_core.setup.presets import preset_config
 

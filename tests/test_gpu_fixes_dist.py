@@ -21,9 +21,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dapo_common.util import free_port
 from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.train import rng
-from dapo_core.train.distributed import free_port, init_distributed, process_group_backend
+from dapo_core.train.distributed import init_distributed, process_group_backend
 
 pytestmark = pytest.mark.timeout(120)
 

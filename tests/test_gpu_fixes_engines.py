@@ -25,7 +25,8 @@ from tiny_policy import EOS, char_tokenizer, tiny_llama
 import dapo_core.engines as engines
 import dapo_core.train.distributed as distributed
 import dapo_core.train.runner as runner
-from dapo_core.cli import USER_ERRORS
+from dapo_common.cli_args import USER_ERRORS
+from dapo_common.util import free_port
 from dapo_core.engines.base import Completion, SamplingParams
 from dapo_core.engines.vllm_engine import TESTED_VLLM, VLLMEngine
 from dapo_core.setup.config import ExperimentConfig
@@ -260,7 +261,7 @@ def test_a_worker_of_n_closes_its_engine_when_it_fails_before_its_first_step(
         raise RuntimeError("CUDA out of memory while sharding")
 
     monkeypatch.setattr(distributed, "shard_policy", shard_policy)
-    init = f"tcp://127.0.0.1:{distributed.free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(RuntimeError, match="while sharding"):
         distributed.train_worker(0, 1, init, small("grpo", **{"run.steps": 1}), tmp_path)
     assert events == [("sharding", True), "close", ("release", "RuntimeError")]

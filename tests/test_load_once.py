@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dapo_common.util import free_port
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.setup.ladders import paper_ladder
-from dapo_core.train.distributed import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

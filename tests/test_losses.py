@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.algo.losses import (
     AGG_MODES,
     AGGREGATIONS,

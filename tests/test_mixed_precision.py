@@ -19,7 +19,7 @@ from test_runner import ListSink, small
 from test_trainer import PROBLEMS, ScriptedEngine
 from tiny_policy import char_tokenizer, tiny_llama
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import Seq, pack
 from dapo_core.train.checkpoint import latest_checkpoint

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dapo_core.setup.config import ConfigError, ExperimentConfig, flatten
+from dapo_common.util import flatten
+from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.setup.ladders import Ladder, paper_ladder
 from dapo_core.setup.overrides import (
     field_types,

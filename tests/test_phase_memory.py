@@ -14,7 +14,7 @@ from test_trainer import ScriptedEngine, make_cfg, make_trainer
 from tiny_policy import char_tokenizer
 
 import dapo_core.train.trainer as trainer_mod
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.train.memory import GIB, PhaseMemory
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.setup.overrides import parse_sets
@@ -433,7 +433,7 @@ def test_a_tracker_failing_in_training_leaves_the_store_complete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from dapo_core.train.runner import train
-    from db import queries
+    from db import reads
     from db.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'store.db'}")
@@ -478,14 +478,14 @@ def test_a_tracker_failing_in_training_leaves_the_store_complete(
         finally:
             sink.close()
     engine = store.engine
-    curves = queries.metric_curves(engine, [run_id])
+    curves = reads.metric_curves(engine, [run_id])
     assert sorted(set(curves["step"])) == [1, 2]
     for step, metrics in recorded.metrics.items():
         stored = curves[curves["step"] == step].set_index("name")["value"]
         assert len(stored) == len(metrics)
         assert stored[M.REWARD_MEAN] == pytest.approx(metrics[M.REWARD_MEAN])
-    assert list(queries.evaluations(engine, run_id)["step"]) == [0, 2]
-    assert queries.sample_steps(engine, run_id) == [1, 2]
+    assert list(reads.evaluations(engine, run_id)["step"]) == [0, 2]
+    assert reads.sample_steps(engine, run_id) == [1, 2]
     lines = warnings_of(caplog)
     assert len([line for line in lines if "tracker" in line]) == 1, lines
 
@@ -624,7 +624,7 @@ def test_an_arms_sink_fans_out_with_tags_from_the_store(stored_sweep: dict[str, 
     # run.loggers='["tensorboard"]'`, checked end to end by hand: see the report).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from db import queries
+    from db import reads
     from flows.ray_worker import open_sink
 
     run_id = stored_sweep["runs"]["clip_higher"]
@@ -635,7 +635,7 @@ def test_an_arms_sink_fans_out_with_tags_from_the_store(stored_sweep: dict[str, 
     assert isinstance(sink, FanoutSink)
     sink.log_metrics(4, {M.REWARD_MEAN: 0.75})
     sink.close()
-    stored = queries.metric_curves(sink.primary.engine, [run_id], [M.REWARD_MEAN])  # type: ignore[attr-defined]
+    stored = reads.metric_curves(sink.primary.engine, [run_id], [M.REWARD_MEAN])  # type: ignore[attr-defined]
     assert 4 in set(stored["step"])  # the store's row first
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()

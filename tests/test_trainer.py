@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast
 
 import dapo_core.train.trainer as trainer_mod
 import dapo_core.train.update as update_mod
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.data.loaders import Problem
 from dapo_core.engines.base import Completion, SamplingParams
 from dapo_core.setup.config import ExperimentConfig

@@ -473,15 +473,3 @@ def _build_section(key: str, value: Any) -> Any:
     if "betas" in value:
         value["betas"] = tuple(value["betas"])
     return cls(**value)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"algo": {"clip_high": 0.28}} → {"algo.clip_high": 0.28}; used for config diffs."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -41,6 +41,7 @@ import itertools
 import json
 import math
 import re
+import textwrap
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dapo_core.setup.config import ConfigError, ExperimentConfig, flatten
+from dapo_common.util import flatten
+from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.setup.overrides import field_types, type_value
 from dapo_core.setup.presets import preset_config
 
@@ -144,9 +146,11 @@ class Ladder:
             for a in self.arms
         ]
 
-    def format(self) -> str:
+    def format(self, width: int | None = None) -> str:
         """`dapo arms`: an aligned text table. A `from` column appears only when some arm does
-        not build on the row above it; a paper column only when some arm has a score."""
+        not build on the row above it; a paper column only when some arm has a score. With
+        `width`, lines longer than that wrap their `adds` text onto lines of their own (the
+        names and scores stay whole: they are what a reader looks up)."""
         linear = all(
             (a.parent is None and a.start is None and i == 0)
             or (i > 0 and a.parent == self.arms[i - 1].name)
@@ -164,6 +168,17 @@ class Ladder:
                 row.append("" if a.paper_score is None else f"{a.paper_score:.0f}")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        adds = header.index("adds")
+        if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+            others = sum(widths) - widths[adds] + 2 * (len(widths) - 1)
+            widths[adds] = max(len("adds"), 24, width - others)
+            rows = [
+                [cell if i != adds else text for i, cell in enumerate(first)]
+                if k == 0
+                else ["" if i != adds else text for i in range(len(first))]
+                for first in rows
+                for k, text in enumerate(textwrap.wrap(first[adds], widths[adds]) or [""])
+            ]
         # Text columns align left, the score right (as numbers do).
         lines = [
             "  ".join(

@@ -40,7 +40,7 @@ Not sharded (every worker holds its own):
   largest parameter, in the compute dtype, is the buffer); every worker first loads the whole
   fp32 model in host memory (4P) to shard it.
 - CUDA context and workspaces (1 GiB) and allocator fragmentation (10% of the update's working set).
-- What a first GPU run would meet beyond that (estimates, each a named item; `_first_gpu_run_items`):
+- What a first GPU run would meet beyond that (estimates, each a named item of TRAINING_ITEMS):
   NCCL's channel buffers (N > 1), vLLM's CUDA graphs (captured outside its share) and its sampler's
   scratch (while generating), and a margin for one allocator shared by vLLM and training (3% of the
   GPU). The plan's output prints what is left of the GPU and which of its items are allowances.
@@ -56,7 +56,9 @@ Pure arithmetic: no torch, no GPU. `check_fits` is what training entry points ca
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dapo_core.setup.architectures import Architecture, resolve_architecture
@@ -331,7 +333,409 @@ def activations(
     )
 
 
-# --- the plan -------------------------------------------------------------------------------------
+# --- the plan: a table of items -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    """What the items of a training plan read: the config and the numbers derived from it."""
+
+    cfg: ExperimentConfig
+    a: Architecture
+    workers: int
+    gpu_memory_gib: float
+    device: str
+    """`cuda`, or `cpu` for one CPU process (no CUDA context, AdamW's per-tensor step)."""
+
+    @property
+    def c(self) -> int:
+        """Bytes of the compute dtype."""
+        return DTYPE_BYTES[self.cfg.model.dtype]
+
+    @property
+    def regime(self) -> str:
+        return regime(self.cfg.model.dtype, self.workers)
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len
+
+    @property
+    def offload(self) -> bool:
+        return self.cfg.model.cpu_offload and self.workers > 1
+
+    @property
+    def gpu(self) -> float:
+        return self.gpu_memory_gib * GIB
+
+    @property
+    def vllm(self) -> bool:
+        return self.cfg.rollout.engine == "vllm"
+
+    @property
+    def sharded_text(self) -> str:
+        """` ÷ N` after a sharded item's bytes per parameter (nothing on one worker)."""
+        return f" ÷ {self.workers}" if self.workers > 1 else ""
+
+    @functools.cached_property
+    def activations(self) -> dict[bool, Activations]:
+        """One micro-batch's activations, with gradient checkpointing (True) and without."""
+        cfg = self.cfg
+        return {
+            ck: activations(
+                self.a,
+                self.regime,
+                self.c,
+                cfg.batch.micro_batch_size,
+                self.seq_len,
+                cfg.rollout.max_response_len,
+                checkpointing=ck,
+            )
+            for ck in (False, True)
+        }
+
+    @property
+    def act(self) -> Activations:
+        """The activations of the run as configured (model.gradient_checkpointing)."""
+        return self.activations[self.cfg.model.gradient_checkpointing]
+
+    @functools.cached_property
+    def vllm_share(self) -> tuple[Item, float, str | None]:
+        """_vllm_share of this run: the item, its KV cache in tokens, a problem or None."""
+        return _vllm_share(
+            self.cfg, self.a, self.c * self.a.params, self.gpu_memory_gib, self.seq_len
+        )
+
+
+def _weights(s: Setting) -> Item:
+    a, N, c = s.a, s.workers, s.c
+    if N == 1 and s.regime == "fp32":
+        weights, wnote = 0.0, "the fp32 masters are the compute weights"
+    elif N == 1:
+        weights = c * a.layers * (a.layer_params - 2 * a.hidden)
+        wnote = f"autocast's {c}-byte copies of the decoder's Linear weights"
+    else:
+        cw = c if s.regime == "fsdp" else 4
+        weights = cw * (a.root_params + 2 * a.layer_params)
+        wnote = "FSDP2 units gathered: root (embedding, norm, head) + 2 decoder layers"
+    return Item("weights", f"{s.cfg.model.dtype} weights", weights, ("update",), detail=wnote)
+
+
+def _sharded_state(
+    s: Setting,
+    key: str,
+    label: str,
+    per_param: int,
+    phases: tuple[str, ...],
+    detail: str,
+    *,
+    offloaded: bool = True,
+) -> Item:
+    """A float32 state of `per_param` bytes a parameter that FSDP2 shards: 1/N on each worker,
+    in host memory with model.cpu_offload when `offloaded`."""
+    return Item(
+        key,
+        label,
+        per_param * s.a.params / s.workers,
+        phases,
+        sharded=True,
+        on_host=offloaded and s.offload,
+        detail=detail,
+    )
+
+
+def _masters(s: Setting) -> Item:
+    detail = f"4 B × {_count(s.a.params)} params{s.sharded_text}"
+    return _sharded_state(s, "masters", "fp32 master shard", 4, ("resident",), detail)
+
+
+def _grads(s: Setting) -> Item:
+    detail = f"4 B/param{s.sharded_text}; freed after each update"
+    return _sharded_state(s, "grads", "gradients (fp32)", 4, ("update", "step"), detail)
+
+
+def _grad_buffers(s: Setting) -> Item:
+    a = s.a
+    cw = s.c if s.regime == "fsdp" else 4
+    buffers = (cw + (4 if cw != 4 else 0)) * a.layer_params + cw * a.vocab * a.hidden
+    return Item(
+        "grad_buffers",
+        "gradient buffers (unsharded)",
+        buffers,
+        ("update",),
+        detail="one layer's gradient + its fp32 copy for reduce-scatter, the LM head's",
+    )
+
+
+def _adam(s: Setting) -> Item:
+    detail = f"exp_avg + exp_avg_sq, 8 B/param{s.sharded_text}"
+    return _sharded_state(s, "adam", "AdamW states (fp32)", 8, ("resident",), detail)
+
+
+def _reference(s: Setting) -> Item:
+    detail = "algo.kl_coef > 0 keeps a frozen copy"
+    label = "reference model (fp32)"
+    return _sharded_state(s, "ref", label, 4, ("resident",), detail, offloaded=False)
+
+
+def _activations(s: Setting) -> Item:
+    use_ckpt = s.cfg.model.gradient_checkpointing
+    acts = s.activations
+    return Item(
+        "activations",
+        "activations, one micro-batch",
+        s.act.saved,
+        ("update",),
+        detail=f"{s.cfg.batch.micro_batch_size} × {s.seq_len} tokens saved for backward, "
+        "gradient checkpointing "
+        + ("on" if use_ckpt else "off")
+        + f" (decoder with a layer's backward — on: {_g(acts[True].decoder)} GiB, "
+        f"off: {_g(acts[False].decoder)} GiB)",
+    )
+
+
+def _logprob_head(s: Setting) -> Item:
+    tokens = s.cfg.batch.micro_batch_size * s.cfg.rollout.max_response_len
+    chunk = min(tokens, auto_chunk_size(s.a.vocab))
+    return Item(
+        "head",
+        "log-prob head (chunked)",
+        s.act.head_saved + s.act.head_transient,
+        ("update",),
+        detail=f"chunks of {chunk} tokens × {s.a.vocab} logits; V × H fp32 weight-gradient sum",
+    )
+
+
+def _layer_backward(s: Setting) -> Item:
+    act = s.act
+    return Item(
+        "backward",
+        "layer backward, beyond the head",
+        max(0.0, act.layer_backward - act.head_transient),
+        ("update",),
+        detail=f"{_g(act.layer_backward)} GiB in flight"
+        + (" with its recomputed tensors" if s.cfg.model.gradient_checkpointing else "")
+        + ", after the head's scratch is freed: only the excess counts",
+    )
+
+
+def _step_scratch(s: Setting) -> Item:
+    a = s.a
+    if s.offload:
+        scratch, snote = 0.0, "the step runs on the host (cpu_offload)"
+    elif s.device == "cuda":
+        scratch, snote = 4 * a.params / s.workers, f"foreach AdamW's fp32 √v copy{s.sharded_text}"
+    else:
+        # torch picks the per-tensor AdamW on CPU: √v and its division for one tensor at a time.
+        largest = max(a.embedding_params, a.hidden * a.intermediate)
+        scratch, snote = 8 * largest, "per-tensor AdamW: two temporaries of the largest tensor"
+    return Item(
+        "step",
+        "optimizer step scratch",
+        scratch,
+        ("step",),
+        sharded=s.device == "cuda",
+        detail=snote,
+    )
+
+
+def _vllm_engine(s: Setting) -> Item:
+    return s.vllm_share[0]
+
+
+def _rollout_copy(s: Setting) -> Item:
+    return Item(
+        "rollout_copy",
+        "hf engine's rollout copy",
+        s.c * s.a.params,
+        ("resident",),
+        detail=f"an unsharded {s.cfg.model.dtype} copy of the policy to sample with",
+    )
+
+
+def _hf_sampling(s: Setting) -> Item:
+    cfg, N = s.cfg, s.workers
+    per_call = max(1, HF_MAX_BATCH_SEQS // cfg.rollout.group_size)
+    prompts = min(per_call, math.ceil(cfg.batch.gen_batch_size / N))
+    kv_bytes = 4 if N == 1 else s.c  # one worker samples with its fp32 masters
+    return hf_kv_cache(s.a, prompts * cfg.rollout.group_size, s.seq_len, kv_bytes)
+
+
+def hf_kv_cache(a: Architecture, rows: int, seq_len: int, kv_bytes: int) -> Item:
+    """The hf engine's sampling memory, while it generates: the KV cache of `rows` sequences of
+    `seq_len` tokens (`kv_bytes` per value) and one decode step's float32 logits, [rows, V]."""
+    kv = rows * seq_len * a.kv_bytes_per_token * kv_bytes
+    logits = rows * a.vocab * 4
+    return Item(
+        "kv_hf",
+        "hf engine's KV cache",
+        kv + logits,
+        ("rollout",),
+        detail=f"{rows} sequences × {seq_len} tokens + one step's logits",
+    )
+
+
+def _weight_sync(s: Setting) -> Item:
+    a = s.a
+    # After each update every parameter is gathered in the compute dtype, one at a time, as
+    # the engine reads it (distributed.push_weights); the largest is the embedding.
+    return Item(
+        "sync",
+        "weight sync to the engine",
+        s.c * max(a.embedding_params, a.hidden * a.intermediate),
+        ("sync",),
+        detail="the parameter being gathered (the largest: the embedding or an MLP)",
+    )
+
+
+def _loading(s: Setting) -> Item:
+    return Item(
+        "load",
+        "whole fp32 model while loading",
+        4 * s.a.params,
+        ("startup",),
+        on_host=True,
+        detail="each worker loads the policy whole in host memory before sharding it",
+    )
+
+
+# What a first GPU run met beyond the tensors above (issue 22): NCCL's buffers, vLLM's CUDA
+# graphs and sampler, one allocator shared by vLLM and training. GPU plans only: a CPU process
+# has none of them.
+def _nccl(s: Setting) -> Item:
+    # FSDP2's all-gather and reduce-scatter run on one NCCL communicator; its per-channel
+    # FIFOs are allocated when it first runs and stay for the process's life. (NVLS on
+    # NVSwitch nodes can add about 1 GiB more; NCCL_NVLS_ENABLE=0 turns it off.)
+    return Item(
+        "nccl",
+        "NCCL buffers",
+        NCCL_CHANNELS * NCCL_PEERS * NCCL_BUFFER_BYTES,
+        ("resident",),
+        detail=f"{NCCL_CHANNELS} channels × {NCCL_PEERS} peers × "
+        f"{NCCL_BUFFER_BYTES / 2**20:.2f} MiB (Simple + LL128 + LL)",
+    )
+
+
+def _vllm_graphs(s: Setting) -> Item:
+    # Captured after the KV cache is sized, so outside the engine's share for the whole run.
+    return Item(
+        "vllm_graphs",
+        "vLLM CUDA graphs",
+        VLLM_CUDA_GRAPHS_GIB * GIB,
+        ("resident",),
+        detail="graph pools captured after the share is sized, outside it",
+    )
+
+
+def _vllm_sampler(s: Setting) -> Item:
+    cfg = s.cfg
+    # Only while generating: the update's tensors do not exist then.
+    prompts = math.ceil(cfg.batch.gen_batch_size / s.workers)  # one generation batch, shared
+    rows = min(VLLM_MAX_NUM_SEQS, prompts * cfg.rollout.group_size)
+    per_logit = VLLM_SAMPLER_BYTES + (VLLM_TOP_P_BYTES if cfg.rollout.top_p < 1 else 0)
+    return Item(
+        "vllm_sampler",
+        "vLLM sampler scratch",
+        rows * s.a.vocab * per_logit,
+        ("rollout",),
+        detail=f"{rows} rows × {s.a.vocab} logits × {per_logit} B"
+        + (" (top-p sort included)" if per_logit > VLLM_SAMPLER_BYTES else ""),
+    )
+
+
+def _colocation(s: Setting) -> Item:
+    # Resident: once both sides have run, both sides' cached blocks stay in the pool.
+    return Item(
+        "colocation",
+        "vLLM + training margin",
+        COLOCATION_MARGIN * s.gpu,
+        ("resident",),
+        detail=f"{COLOCATION_MARGIN:.0%} of the GPU: one allocator, two workloads",
+    )
+
+
+def _context(s: Setting) -> Item:
+    return cuda_context()
+
+
+def cuda_context() -> Item:
+    """Per GPU process: the CUDA context and cuBLAS workspaces (a training or an evaluation plan)."""
+    return Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",))
+
+
+# When an item applies (each a decision made once, shared by the items it concerns).
+def _always(s: Setting) -> bool:
+    return True
+
+
+def _several(s: Setting) -> bool:
+    return s.workers > 1
+
+
+def _with_kl(s: Setting) -> bool:
+    return s.cfg.algo.kl_coef > 0
+
+
+def _vllm(s: Setting) -> bool:
+    return s.vllm
+
+
+def _hf(s: Setting) -> bool:
+    return not s.vllm
+
+
+def _hf_several(s: Setting) -> bool:
+    # One worker's hf engine samples with the training model itself: no copy.
+    return _hf(s) and _several(s)
+
+
+def _gpu(s: Setting) -> bool:
+    return s.device == "cuda"
+
+
+def _gpu_several(s: Setting) -> bool:
+    return _gpu(s) and _several(s)
+
+
+def _gpu_vllm(s: Setting) -> bool:
+    return _gpu(s) and _vllm(s)
+
+
+TRAINING_ITEMS: tuple[tuple[Callable[[Setting], bool], Callable[[Setting], Item]], ...] = (
+    (_always, _weights),
+    (_always, _masters),
+    (_always, _grads),
+    (_several, _grad_buffers),
+    (_always, _adam),
+    (_with_kl, _reference),
+    (_always, _activations),
+    (_always, _logprob_head),
+    (_always, _layer_backward),
+    (_always, _step_scratch),
+    (_vllm, _vllm_engine),
+    (_hf_several, _rollout_copy),
+    (_hf, _hf_sampling),
+    (_several, _weight_sync),
+    (_several, _loading),
+    (_gpu_several, _nccl),
+    (_gpu_vllm, _vllm_graphs),
+    (_gpu_vllm, _vllm_sampler),
+    (_gpu_vllm, _colocation),
+    (_gpu, _context),
+)
+"""A training plan's items, in the order `dapo plan` prints them: (when it applies, the item)."""
+
+
+def _fragmentation(items: Sequence[Item]) -> Item:
+    """The allocator's waste, a share of the update's GPU working set: after every other item."""
+    update = sum(i.nbytes for i in items if "update" in i.phases and not i.on_host)
+    return Item(
+        "fragmentation",
+        "allocator fragmentation",
+        FRAGMENTATION * update,
+        ("resident",),
+        detail=f"{FRAGMENTATION:.0%} of the update's working set",
+    )
+
+
 def plan_memory(
     cfg: ExperimentConfig,
     workers: int = 1,
@@ -340,7 +744,8 @@ def plan_memory(
     device: str = "cuda",
     arch: Architecture | None = None,
 ) -> Plan:
-    """The per-worker memory plan of `cfg` on `workers` GPUs of `gpu_memory_gib` GiB.
+    """The per-worker memory plan of `cfg` on `workers` GPUs of `gpu_memory_gib` GiB: the items
+    of TRAINING_ITEMS, then the allocator's fragmentation.
 
     `device="cpu"` plans one CPU process (no CUDA context, AdamW's per-tensor step): what the
     tests measure. `arch` skips the look-up (the worker-count search passes it).
@@ -349,289 +754,27 @@ def plan_memory(
         raise ValueError(f"workers={workers}: need at least 1")
     if not gpu_memory_gib > 0:
         raise ValueError(f"gpu memory {gpu_memory_gib} GiB: must be > 0")
-    a = arch or resolve_architecture(cfg.model)
-    N = workers
-    c = DTYPE_BYTES[cfg.model.dtype]
-    reg = regime(cfg.model.dtype, N)
-    P = a.params
-    seqs = cfg.batch.micro_batch_size
-    seq_len = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
-    offload = cfg.model.cpu_offload and N > 1
-    gpu = gpu_memory_gib * GIB
-    items: list[Item] = []
-    sh = f" ÷ {N}" if N > 1 else ""
-
-    # Compute-dtype weights.
-    if N == 1 and reg == "fp32":
-        weights, wnote = 0.0, "the fp32 masters are the compute weights"
-    elif N == 1:
-        weights = c * a.layers * (a.layer_params - 2 * a.hidden)
-        wnote = f"autocast's {c}-byte copies of the decoder's Linear weights"
-    else:
-        cw = c if reg == "fsdp" else 4
-        weights = cw * (a.root_params + 2 * a.layer_params)
-        wnote = "FSDP2 units gathered: root (embedding, norm, head) + 2 decoder layers"
-    items.append(Item("weights", f"{cfg.model.dtype} weights", weights, ("update",), detail=wnote))
-
-    items.append(
-        Item(
-            "masters",
-            "fp32 master shard",
-            4 * P / N,
-            ("resident",),
-            sharded=True,
-            on_host=offload,
-            detail=f"4 B × {_count(P)} params{sh}",
-        )
-    )
-    items.append(
-        Item(
-            "grads",
-            "gradients (fp32)",
-            4 * P / N,
-            ("update", "step"),
-            sharded=True,
-            on_host=offload,
-            detail=f"4 B/param{sh}; freed after each update",
-        )
-    )
-    if N > 1:
-        cw = c if reg == "fsdp" else 4
-        buffers = (cw + (4 if cw != 4 else 0)) * a.layer_params + cw * a.vocab * a.hidden
-        items.append(
-            Item(
-                "grad_buffers",
-                "gradient buffers (unsharded)",
-                buffers,
-                ("update",),
-                detail="one layer's gradient + its fp32 copy for reduce-scatter, the LM head's",
-            )
-        )
-    items.append(
-        Item(
-            "adam",
-            "AdamW states (fp32)",
-            8 * P / N,
-            ("resident",),
-            sharded=True,
-            on_host=offload,
-            detail=f"exp_avg + exp_avg_sq, 8 B/param{sh}",
-        )
-    )
-    if cfg.algo.kl_coef > 0:
-        items.append(
-            Item(
-                "ref",
-                "reference model (fp32)",
-                4 * P / N,
-                ("resident",),
-                sharded=True,
-                detail="algo.kl_coef > 0 keeps a frozen copy",
-            )
-        )
-
-    acts = {
-        ck: activations(a, reg, c, seqs, seq_len, cfg.rollout.max_response_len, checkpointing=ck)
-        for ck in (False, True)
-    }
-    use_ckpt = cfg.model.gradient_checkpointing
-    act = acts[use_ckpt]
-    items.append(
-        Item(
-            "activations",
-            "activations, one micro-batch",
-            act.saved,
-            ("update",),
-            detail=f"{seqs} × {seq_len} tokens saved for backward, gradient checkpointing "
-            + ("on" if use_ckpt else "off")
-            + f" (decoder with a layer's backward — on: {_g(acts[True].decoder)} GiB, "
-            f"off: {_g(acts[False].decoder)} GiB)",
-        )
-    )
-    chunk = min(seqs * cfg.rollout.max_response_len, auto_chunk_size(a.vocab))
-    items.append(
-        Item(
-            "head",
-            "log-prob head (chunked)",
-            act.head_saved + act.head_transient,
-            ("update",),
-            detail=f"chunks of {chunk} tokens × {a.vocab} logits; V × H fp32 weight-gradient sum",
-        )
-    )
-    items.append(
-        Item(
-            "backward",
-            "layer backward, beyond the head",
-            max(0.0, act.layer_backward - act.head_transient),
-            ("update",),
-            detail=f"{_g(act.layer_backward)} GiB in flight"
-            + (" with its recomputed tensors" if use_ckpt else "")
-            + ", after the head's scratch is freed: only the excess counts",
-        )
-    )
-    if offload:
-        scratch, snote = 0.0, "the step runs on the host (cpu_offload)"
-    elif device == "cuda":
-        scratch, snote = 4 * P / N, f"foreach AdamW's fp32 √v copy{sh}"
-    else:
-        # torch picks the per-tensor AdamW on CPU: √v and its division for one tensor at a time.
-        largest = max(a.embedding_params, a.hidden * a.intermediate)
-        scratch, snote = 8 * largest, "per-tensor AdamW: two temporaries of the largest tensor"
-    items.append(
-        Item(
-            "step",
-            "optimizer step scratch",
-            scratch,
-            ("step",),
-            sharded=device == "cuda",
-            detail=snote,
-        )
-    )
-
-    # The rollout engine.
-    kv_tokens = 0.0
-    problems: list[str] = []
-    if cfg.rollout.engine == "vllm":
-        item, kv_tokens, problem = _vllm_share(cfg, a, c * P, gpu_memory_gib, seq_len)
-        items.append(item)
+    s = Setting(cfg, arch or resolve_architecture(cfg.model), workers, gpu_memory_gib, device)
+    items = [make(s) for applies, make in TRAINING_ITEMS if applies(s)]
+    if _gpu(s):
+        items.append(_fragmentation(items))
+    kv_tokens, problems = 0.0, []
+    if s.vllm:
+        _, kv_tokens, problem = s.vllm_share
         problems += [problem] if problem else []
-    else:
-        per_call = max(1, HF_MAX_BATCH_SEQS // cfg.rollout.group_size)
-        prompts = min(per_call, math.ceil(cfg.batch.gen_batch_size / N))
-        kvb = 4 if N == 1 else c  # one worker samples with its fp32 masters
-        kv = prompts * cfg.rollout.group_size * seq_len * a.kv_bytes_per_token * kvb
-        # The sampling loop holds one decode step's float32 logits at a time, [rows, V].
-        logits = prompts * cfg.rollout.group_size * a.vocab * 4
-        if N > 1:
-            items.append(
-                Item(
-                    "rollout_copy",
-                    "hf engine's rollout copy",
-                    c * P,
-                    ("resident",),
-                    detail=f"an unsharded {cfg.model.dtype} copy of the policy to sample with",
-                )
-            )
-        items.append(
-            Item(
-                "kv_hf",
-                "hf engine's KV cache",
-                kv + logits,
-                ("rollout",),
-                detail=f"{prompts * cfg.rollout.group_size} sequences × {seq_len} tokens + one "
-                "step's logits",
-            )
-        )
-
-    if N > 1:
-        # After each update every parameter is gathered in the compute dtype, one at a time, as
-        # the engine reads it (distributed.push_weights); the largest is the embedding.
-        items.append(
-            Item(
-                "sync",
-                "weight sync to the engine",
-                c * max(a.embedding_params, a.hidden * a.intermediate),
-                ("sync",),
-                detail="the parameter being gathered (the largest: the embedding or an MLP)",
-            )
-        )
-        items.append(
-            Item(
-                "load",
-                "whole fp32 model while loading",
-                4 * P,
-                ("startup",),
-                on_host=True,
-                detail="each worker loads the policy whole in host memory before sharding it",
-            )
-        )
-    if device == "cuda":
-        items.extend(_first_gpu_run_items(cfg, a, N, gpu))
-        items.append(
-            Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",))
-        )
-        update = sum(i.nbytes for i in items if "update" in i.phases and not i.on_host)
-        items.append(
-            Item(
-                "fragmentation",
-                "allocator fragmentation",
-                FRAGMENTATION * update,
-                ("resident",),
-                detail=f"{FRAGMENTATION:.0%} of the update's working set",
-            )
-        )
-
     plan = Plan(
-        arch=a,
-        workers=N,
-        gpu_bytes=gpu,
+        arch=s.a,
+        workers=workers,
+        gpu_bytes=s.gpu,
         device=device,
-        regime=reg,
+        regime=s.regime,
         items=tuple(items),
         kv_tokens=kv_tokens,
-        seq_len=seq_len,
+        seq_len=s.seq_len,
     )
-    if plan.peak_bytes > gpu:
+    if plan.peak_bytes > s.gpu:
         problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB per worker")
     return dataclasses.replace(plan, problems=tuple(problems))
-
-
-def _first_gpu_run_items(cfg: ExperimentConfig, a: Architecture, N: int, gpu: float) -> list[Item]:
-    """What the plan left out before the first GPU run (issue 22): NCCL's buffers, vLLM's CUDA
-    graphs and sampler, and the fragmentation of one allocator shared by vLLM and training.
-    GPU plans only: a CPU process has none of them."""
-    items: list[Item] = []
-    if N > 1:
-        # FSDP2's all-gather and reduce-scatter run on one NCCL communicator; its per-channel
-        # FIFOs are allocated when it first runs and stay for the process's life. (NVLS on
-        # NVSwitch nodes can add about 1 GiB more; NCCL_NVLS_ENABLE=0 turns it off.)
-        nccl = NCCL_CHANNELS * NCCL_PEERS * NCCL_BUFFER_BYTES
-        items.append(
-            Item(
-                "nccl",
-                "NCCL buffers",
-                nccl,
-                ("resident",),
-                detail=f"{NCCL_CHANNELS} channels × {NCCL_PEERS} peers × "
-                f"{NCCL_BUFFER_BYTES / 2**20:.2f} MiB (Simple + LL128 + LL)",
-            )
-        )
-    if cfg.rollout.engine == "vllm":
-        # Captured after the KV cache is sized, so outside the engine's share for the whole run.
-        items.append(
-            Item(
-                "vllm_graphs",
-                "vLLM CUDA graphs",
-                VLLM_CUDA_GRAPHS_GIB * GIB,
-                ("resident",),
-                detail="graph pools captured after the share is sized, outside it",
-            )
-        )
-        # Only while generating: the update's tensors do not exist then.
-        prompts = math.ceil(cfg.batch.gen_batch_size / N)  # one generation batch, shared by ranks
-        rows = min(VLLM_MAX_NUM_SEQS, prompts * cfg.rollout.group_size)
-        per_logit = VLLM_SAMPLER_BYTES + (VLLM_TOP_P_BYTES if cfg.rollout.top_p < 1 else 0)
-        items.append(
-            Item(
-                "vllm_sampler",
-                "vLLM sampler scratch",
-                rows * a.vocab * per_logit,
-                ("rollout",),
-                detail=f"{rows} rows × {a.vocab} logits × {per_logit} B"
-                + (" (top-p sort included)" if per_logit > VLLM_SAMPLER_BYTES else ""),
-            )
-        )
-        # Resident: once both sides have run, both sides' cached blocks stay in the pool.
-        items.append(
-            Item(
-                "colocation",
-                "vLLM + training margin",
-                COLOCATION_MARGIN * gpu,
-                ("resident",),
-                detail=f"{COLOCATION_MARGIN:.0%} of the GPU: one allocator, two workloads",
-            )
-        )
-    return items
 
 
 def min_workers(
@@ -746,18 +889,8 @@ def plan_evaluation(
             )
         )
         rows = min(max(1, HF_MAX_BATCH_SEQS // k), max(problems, 1)) * k
-        kv = rows * seq_len * a.kv_bytes_per_token * c
-        logits = rows * a.vocab * 4
-        items.append(
-            Item(
-                "kv_hf",
-                "hf engine's KV cache",
-                kv + logits,
-                ("rollout",),
-                detail=f"{rows} sequences × {seq_len} tokens + one step's logits",
-            )
-        )
-    items.append(Item("context", "CUDA context, workspaces", CUDA_CONTEXT_GIB * GIB, ("resident",)))
+        items.append(hf_kv_cache(a, rows, seq_len, c))
+    items.append(cuda_context())
     plan = Plan(
         arch=a,
         workers=1,

@@ -1,6 +1,7 @@
 """One arm on N workers: torch.distributed, FSDP2, a rollout engine per worker, sharded checkpoints.
 
-Every rank runs `train_worker`, which is `runner.train` with these differences:
+Every rank runs `train_worker`: the run's order is dapo_core.train.assembly's, as on one worker
+(`runner.train`); its layout here, `Ranks`, differs in these steps:
 
     init_distributed    torch.distributed's default group: gloo on CPU, NCCL on GPU (and gloo
                         for CPU tensors with model.cpu_offload); objects and barriers go over a
@@ -33,35 +34,36 @@ receive them: the sink is made inside the worker by `sink_factory`.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime
 import json
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
+from dapo_common.util import free_port
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.assembly import Parts, Run, assemble_and_train
 from dapo_core.train.collective import Collective, full_tensor, open_collective
+from dapo_core.train.loop import TrainResult
 from dapo_core.train.policy import LogprobModel, compute_dtype
 from dapo_core.train.protocols import MetricsSink
-from dapo_core.train.runner import TrainResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
 
 log = logging.getLogger(__name__)
 
@@ -354,14 +356,13 @@ def train_worker(
         # The rank's engine is closed (vllm: before the process group goes) and its device
         # memory released however the run ends: a pooled Ray actor trains the next arm here.
         with run_resources() as cleanup:
-            return _train_rank(
+            coll = open_collective(cfg.run.collective_timeout_s)
+            return assemble_and_train(
                 cfg,
-                Path(out_dir),
-                open_collective(cfg.run.collective_timeout_s),
-                device,
-                sink_factory=sink_factory,
-                owner=owner,
+                Ranks(coll, device, sink_factory),
+                out_dir=Path(out_dir),
                 resume=resume,
+                owner=owner,
                 progress=progress,
                 t_start=t_start,
                 cleanup=cleanup,
@@ -371,160 +372,147 @@ def train_worker(
             dist.destroy_process_group()
 
 
-def _train_rank(
-    cfg: ExperimentConfig,
-    out_dir: Path,
-    coll: Collective,
-    device: torch.device,
-    *,
-    sink_factory: Callable[[], MetricsSink] | None,
-    owner: Mapping[str, Any] | None,
-    resume: bool,
-    progress: Callable[[dict[str, Any]], None] | None,
-    t_start: float,
-    cleanup: contextlib.ExitStack,
-) -> TrainResult:
-    from dapo_core.data.loaders import load_problems
-    from dapo_core.models import TINY, tiny_model_dir
-    from dapo_core.train.checkpoint import (
-        checkpoint_step,
-        is_sharded,
-        load_full_optimizer,
-        load_model_weights,
-        load_rank_state,
-        load_sharded_model,
-        load_sharded_optimizer,
-        load_trainer_state,
-        save_sharded_checkpoint,
-    )
-    from dapo_core.train.run_dir import CONFIG_FILE
-    from dapo_core.train.runner import (
-        Job,
-        evaluate_policy,
-        load_masters,
-        open_run_dir,
-        run_steps,
-    )
-    from dapo_core.train.sinks import NullSink
-    from dapo_core.train.trainer import Trainer
+@dataclass
+class Ranks:
+    """The assembly's layout for one rank of N: rank 0 claims the directory and reads the
+    policy, FSDP2 shards it, each rank rolls out with its own engine, checkpoints are sharded,
+    and rank 0 alone owns a sink (from `sink_factory`, made in this process)."""
 
-    rank = coll.rank
-    dtype = compute_dtype(cfg.model.dtype)
-    problems = load_problems(cfg.data.train, seed=cfg.run.seed)
-    # Rank 0 claims the directory and picks the checkpoint; a refusal reaches every rank.
-    ckpt_name = _on_rank0(
-        coll, lambda: _as_str(open_run_dir(cfg, out_dir, resume=resume, owner=owner))
-    )
-    ckpt = Path(ckpt_name) if ckpt_name else None
-    sharded = ckpt is not None and is_sharded(ckpt)
+    dist: Collective
+    device: torch.device
+    sink_factory: Callable[[], MetricsSink] | None
+    own_streams: dict[str, Any] | None = None
+    """This rank's random streams from a sharded checkpoint (build reads, restore loads)."""
 
-    if cfg.model.name_or_path == TINY:
-        # Built (once per machine) by rank 0: save_pretrained writes nothing on other ranks.
-        _on_rank0(coll, lambda: str(tiny_model_dir(cfg.model)))
-    full_state: dict[str, torch.Tensor] | None = None
-    if cfg.rollout.engine == "vllm":
-        # Read once, by rank 0; the other ranks' shards come from it (shard_from_rank0). The
-        # hf engine needs the whole model on every rank anyway (its rollout copy).
-        model, tokenizer, full_state = load_policy_once(
-            cfg, coll, weights=ckpt if ckpt is not None and not sharded else None
+    def claim(self, run: Run) -> Path | None:
+        from dapo_core.train.runner import open_run_dir
+
+        # Rank 0 claims the directory and picks the checkpoint; a refusal reaches every rank.
+        name = _on_rank0(
+            self.dist,
+            lambda: _as_str(open_run_dir(run.cfg, run.out_dir, resume=run.resume, owner=run.owner)),
         )
-    else:
-        # Whole and float32 in host memory first; FSDP moves each rank's shards to `device`.
-        model, tokenizer = load_masters(cfg, "cpu")
-        if ckpt is not None and not sharded:
-            load_model_weights(model, ckpt)  # one worker's checkpoint: its float32 model/
-    own_streams = load_rank_state(ckpt, rank) if sharded and ckpt is not None else None
-    fresh_stream = ckpt is not None and own_streams is None and rank > 0
-    seed = engine_seed(cfg.run.seed, rank, checkpoint_step(ckpt) if fresh_stream and ckpt else 0)
-    engine = _make_rank_engine(cfg, model, tokenizer, device, coll, out_dir, seed=seed)
-    cleanup.callback(engine.close)
+        return Path(name) if name else None
 
-    if cfg.rollout.engine == "vllm":
-        root = shard_from_rank0(
-            model,
-            full_state,
-            coll,
-            dtype=dtype,
-            device=device,
-            cpu_offload=cfg.model.cpu_offload,
+    def build(self, run: Run, ckpt: Path | None) -> Parts:
+        from dapo_core.models import TINY_TASKS, tiny_model_dir
+        from dapo_core.train.checkpoint import (
+            checkpoint_step,
+            is_sharded,
+            load_model_weights,
+            load_rank_state,
+            load_sharded_model,
         )
-        full_state = None  # rank 0's last reference to the whole tensors: the shards hold them
-    else:
-        root = shard_policy(model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload)
-    if sharded and ckpt is not None:
-        load_sharded_model(model, ckpt)  # resharded to this many workers
+        from dapo_core.train.runner import load_masters
+        from dapo_core.train.trainer import Trainer
 
-    def sync() -> None:
-        push_weights(model, engine, dtype=dtype, device=device)
-
-    trainer = Trainer(
-        cfg,
-        root,
-        tokenizer,
-        engine,
-        problems,
-        dist=coll,
-        autocast=False,  # FSDP2's MixedPrecisionPolicy casts
-        sync_weights=sync,
-        device=device,
-    )
-    if cfg.rollout.engine == "vllm" and ckpt is None:
-        sync()  # the engine started on dummy weights; a resume syncs in load_state_dict
-    if ckpt is not None:
-        state = load_trainer_state(ckpt)
-        if sharded:
-            load_sharded_optimizer(model, trainer.optimizer, ckpt)
-        else:
-            load_full_optimizer(model, trainer.optimizer, state["optimizer"])
-        trainer.load_state_dict(state, optimizer=False, streams=False)
-        if own_streams is None and rank == 0:
-            own_streams = {"rng": state["rng"], "engine": state["engine"]}  # one worker's
-        if own_streams is not None:
-            trainer.load_rank_state(own_streams)
-        if rank == 0:
-            log.info(
-                "resumed %s at rollout step %d on %d workers",
-                out_dir,
-                trainer.rollout_step,
-                coll.world_size,
+        cfg, coll, device, rank = run.cfg, self.dist, self.device, self.dist.rank
+        dtype = compute_dtype(cfg.model.dtype)
+        sharded = ckpt is not None and is_sharded(ckpt)
+        if cfg.model.name_or_path in TINY_TASKS:
+            # Built (once per machine) by rank 0: save_pretrained writes nothing on other ranks.
+            _on_rank0(coll, lambda: str(tiny_model_dir(cfg.model)))
+        full_state: dict[str, torch.Tensor] | None = None
+        if cfg.rollout.engine == "vllm":
+            # Read once, by rank 0; the other ranks' shards come from it (shard_from_rank0). The
+            # hf engine needs the whole model on every rank anyway (its rollout copy).
+            model, tokenizer, full_state = load_policy_once(
+                cfg, coll, weights=ckpt if ckpt is not None and not sharded else None
             )
-    if rank == 0:
-        (out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+        else:
+            # Whole and float32 in host memory first; FSDP moves each rank's shards to `device`.
+            model, tokenizer = load_masters(cfg, "cpu")
+            if ckpt is not None and not sharded:
+                load_model_weights(model, ckpt)  # one worker's checkpoint: its float32 model/
+        self.own_streams = load_rank_state(ckpt, rank) if sharded and ckpt is not None else None
+        fresh_stream = ckpt is not None and self.own_streams is None and rank > 0
+        step = checkpoint_step(ckpt) if fresh_stream and ckpt else 0
+        seed = engine_seed(cfg.run.seed, rank, step)
+        engine = _make_rank_engine(cfg, model, tokenizer, device, coll, run.out_dir, seed=seed)
+        run.cleanup.callback(engine.close)
 
-    def checkpoint() -> Path:
+        if cfg.rollout.engine == "vllm":
+            root = shard_from_rank0(
+                model,
+                full_state,
+                coll,
+                dtype=dtype,
+                device=device,
+                cpu_offload=cfg.model.cpu_offload,
+            )
+            full_state = None  # rank 0's last reference to the whole tensors: the shards hold them
+        else:
+            root = shard_policy(
+                model, dtype=dtype, device=device, cpu_offload=cfg.model.cpu_offload
+            )
+        if sharded and ckpt is not None:
+            load_sharded_model(model, ckpt)  # resharded to this many workers
+
+        def sync() -> None:
+            push_weights(model, engine, dtype=dtype, device=device)
+
+        trainer = Trainer(
+            cfg,
+            root,
+            tokenizer,
+            engine,
+            run.problems,
+            dist=coll,
+            autocast=False,  # FSDP2's MixedPrecisionPolicy casts
+            sync_weights=sync,
+            device=device,
+        )
+        if cfg.rollout.engine == "vllm" and ckpt is None:
+            sync()  # the engine started on dummy weights; a resume syncs in load_state_dict
+        return Parts(model, tokenizer, engine, trainer)
+
+    def restore(self, parts: Parts, ckpt: Path, state: dict[str, Any]) -> None:
+        from dapo_core.train.checkpoint import (
+            is_sharded,
+            load_full_optimizer,
+            load_sharded_optimizer,
+        )
+
+        trainer = parts.trainer
+        if is_sharded(ckpt):
+            load_sharded_optimizer(parts.model, trainer.optimizer, ckpt)
+        else:
+            load_full_optimizer(parts.model, trainer.optimizer, state["optimizer"])
+        trainer.load_state_dict(state, optimizer=False, streams=False)
+        streams = self.own_streams
+        if streams is None and self.dist.rank == 0:
+            streams = {"rng": state["rng"], "engine": state["engine"]}  # one worker's
+        if streams is not None:
+            trainer.load_rank_state(streams)
+
+    def save(self, run: Run, parts: Parts) -> Path:
+        from dapo_core.train.checkpoint import save_sharded_checkpoint
+
+        trainer, cfg = parts.trainer, run.cfg
         return save_sharded_checkpoint(
-            out_dir,
+            run.out_dir,
             trainer.rollout_step,
-            policy=model,
+            policy=parts.model,
             optimizer=trainer.optimizer,
-            tokenizer=tokenizer,
+            tokenizer=parts.tokenizer,
             trainer_state=trainer.state_dict(optimizer=False),
             rank_state=trainer.rank_state(),
             config=cfg.to_dict(),
-            dist=coll,
-            export_dtype=dtype,
+            dist=self.dist,
+            export_dtype=compute_dtype(cfg.model.dtype),
             # The HF export at the end only: at 7B it is a whole-model gather and ~14 GiB a
             # checkpoint, and `dapo eval` of an earlier checkpoint reads its dcp/ instead.
             export=trainer.rollout_step >= cfg.run.steps,
         )
 
-    sink: MetricsSink = NullSink()
-    if rank == 0 and sink_factory is not None:
-        sink = sink_factory()
-    try:
-        job = Job(
-            cfg=cfg,
-            trainer=trainer,
-            sink=sink,
-            evaluate=lambda step: evaluate_policy(
-                cfg, model, tokenizer, engine, step=step, dist=coll
-            ),
-            checkpoint=checkpoint,
-            dist=coll,
-        )
-        return run_steps(job, ckpt=ckpt, progress=progress if rank == 0 else None, t_start=t_start)
-    finally:
-        sink.close()
+    def sink(self, run: Run) -> MetricsSink:
+        from dapo_core.train.sinks import NullSink
+
+        if self.dist.rank != 0 or self.sink_factory is None:
+            return NullSink()
+        made = self.sink_factory()
+        run.cleanup.callback(made.close)  # before the engine's close: the stack unwinds in reverse
+        return made
 
 
 def _make_rank_engine(
@@ -546,7 +534,7 @@ def _make_rank_engine(
     if cfg.rollout.engine == "vllm":
         # vLLM builds its model from a skeleton (config and tokenizer, written once by rank 0)
         # with dummy weights; each rank then pushes the weights gathered from its shards
-        # (_train_rank, once sharded). Writing the whole float32 model for vLLM's loader cost
+        # (Ranks.build, once sharded). Writing the whole float32 model for vLLM's loader cost
         # ~28 GiB of disk and a read per rank at 7B.
         from dapo_core.engines import write_skeleton
 
@@ -580,13 +568,6 @@ def _as_str(path: Path | None) -> str | None:
 
 
 # --- N processes on this machine -------------------------------------------------------------
-def free_port() -> int:
-    """A TCP port free on localhost now (the rendezvous binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch_local(
     cfg: ExperimentConfig,
     *,
@@ -772,8 +753,8 @@ def _worker_error(report: Path, workers: int) -> Exception:
     """The exception to raise for a failed job: the first rank's own error, not the connection
     errors the other ranks saw when it left."""
     from dapo_core.setup.config import ConfigError
+    from dapo_core.train.loop import TrainingDiverged
     from dapo_core.train.run_dir import NotOwner
-    from dapo_core.train.runner import TrainingDiverged
 
     errors = []
     for r in range(workers):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 
 GIB = float(1 << 30)
 

@@ -16,7 +16,7 @@ class MetricsSink(Protocol):
     after a resume overwrites its earlier values and never duplicates them."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """All scalar metrics of one rollout step (names from dapo_core.metric_names)."""
+        """All scalar metrics of one rollout step (names from dapo_common.metric_names)."""
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """A few rollouts of the step. Keys: prompt, response, ground_truth, pred, reward,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.algo.overlong import overlong_penalty
 from dapo_core.algo.rewards import get_grader
 from dapo_core.algo.sampling import informative_groups

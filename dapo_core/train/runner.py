@@ -1,8 +1,11 @@
-"""Run a whole training job: build the pieces, resume, step, evaluate, checkpoint.
+"""Run a whole training job in this process: `train`, and `dapo eval`'s `evaluate_checkpoint`.
 
 `train(cfg, sink=..., out_dir=...)` is the one entry point the CLI and the Prefect/Ray flows
-call. It resumes from out_dir/checkpoints/latest when present, so a killed run started again
-with the same arguments continues exactly where the last checkpoint left it.
+call for one worker. It resumes from out_dir/checkpoints/latest when present, so a killed run
+started again with the same arguments continues exactly where the last checkpoint left it.
+The run's order is dapo_core.train.assembly's, the same as each of N workers'
+(dapo_core.train.distributed); `OneWorker` is what is particular to one process. The step loop
+is dapo_core.train.loop, the evaluations dapo_core.train.evaluation.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
 import random
 import time
@@ -22,24 +24,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_core import metric_names as M
-from dapo_core.engines.base import RolloutEngine, SamplingParams
-from dapo_core.setup.config import ExperimentConfig, flatten
+from dapo_common.util import flatten
+from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.assembly import Parts, Run, assemble_and_train
 from dapo_core.train.checkpoint import (
     load_checkpoint_config,
     load_model_weights,
-    load_trainer_state,
-    retain_checkpoints,
     save_checkpoint,
 )
-from dapo_core.train.collective import LOCAL, Collective, shard
+from dapo_core.train.collective import LOCAL, Collective
+from dapo_core.train.evaluation import eval_problems, evaluate_policy
+from dapo_core.train.loop import TrainResult
 from dapo_core.train.protocols import MetricsSink
-from dapo_core.train.run_dir import CONFIG_FILE, claim, latest_checkpoint
+from dapo_core.train.run_dir import claim, latest_checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from dapo_core.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +62,6 @@ RESUMABLE_CHANGES = frozenset(
         "run.mlflow_uri",
     }
 )
-
-
-class TrainingDiverged(ValueError):
-    """Too many gradient updates in a row had a NaN / inf loss or gradient."""
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    """Rollout steps completed."""
-    grad_updates: int
-    """Gradient updates applied (cumulative)."""
-    tokens: int
-    """Response tokens generated (cumulative)."""
-    wall_s: float
-    """Wall time of this call."""
-    final_eval: dict[str, Any] | None
-    """Keys: dataset, k, avg_at_k, pass_at_k, cons_at_k, n_problems, correct_per_problem."""
-    checkpoint_dir: str
-    """The final checkpoint."""
 
 
 def resolve_device(name: str) -> str:
@@ -132,79 +113,72 @@ def train(
     (`run_resources`), so that the next run in this process starts on a free device.
     """
     with run_resources() as cleanup:
-        return _train(
+        t_start = time.perf_counter()
+        device = setup_torch(cfg)
+        return assemble_and_train(
             cfg,
-            sink=sink,
-            out_dir=out_dir,
+            OneWorker(device, sink),
+            out_dir=Path(out_dir),
             resume=resume,
-            progress=progress,
             owner=owner,
+            progress=progress,
+            t_start=t_start,
             cleanup=cleanup,
         )
 
 
-def _train(
-    cfg: ExperimentConfig,
-    *,
-    sink: MetricsSink,
-    out_dir: Path,
-    resume: bool,
-    progress: Callable[[dict[str, Any]], None] | None,
-    owner: Mapping[str, Any] | None,
-    cleanup: contextlib.ExitStack,
-) -> TrainResult:
-    from dapo_core.data.loaders import load_problems
-    from dapo_core.engines import make_engine
-    from dapo_core.train.checkpoint import (
-        is_sharded,
-        load_sharded_model,
-        load_sharded_optimizer,
-    )
-    from dapo_core.train.trainer import Trainer
+@dataclass
+class OneWorker:
+    """The assembly's layout for one process: the policy whole on `device` (autocast to the
+    compute dtype), one-worker checkpoints, the caller's sink (which the caller closes)."""
 
-    t_start = time.perf_counter()
-    out_dir = Path(out_dir)
-    device = setup_torch(cfg)
-    # Data first: a malformed file fails in a second, not after the model is built.
-    problems = load_problems(cfg.data.train, seed=cfg.run.seed)
-    ckpt = open_run_dir(cfg, out_dir, resume=resume, owner=owner)
-    model, tokenizer = load_masters(cfg, device)
-    sharded = ckpt is not None and is_sharded(ckpt)
-    if ckpt is not None:
-        # Before the engine exists: vllm starts from the model's weights as they are now.
-        if sharded:
-            load_sharded_model(model, ckpt)  # N workers' masters, resharded into one process
-        else:
-            load_model_weights(model, ckpt)
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, work_dir=out_dir)
-    cleanup.callback(engine.close)
-    trainer = Trainer(cfg, model, tokenizer, engine, problems)
-    if ckpt is not None:
-        state = load_trainer_state(ckpt)
-        if sharded:
-            load_sharded_optimizer(model, trainer.optimizer, ckpt)
-        trainer.load_state_dict(state, optimizer=not sharded)
-        log.info("resumed %s at rollout step %d", out_dir, trainer.rollout_step)
-    (out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    device: str
+    metrics: MetricsSink
+    dist: Collective = LOCAL
 
-    def checkpoint() -> Path:
+    def claim(self, run: Run) -> Path | None:
+        return open_run_dir(run.cfg, run.out_dir, resume=run.resume, owner=run.owner)
+
+    def build(self, run: Run, ckpt: Path | None) -> Parts:
+        from dapo_core.engines import make_engine
+        from dapo_core.train.checkpoint import is_sharded, load_sharded_model
+        from dapo_core.train.trainer import Trainer
+
+        cfg = run.cfg
+        model, tokenizer = load_masters(cfg, self.device)
+        if ckpt is not None:
+            # Before the engine exists: vllm starts from the model's weights as they are now.
+            if is_sharded(ckpt):
+                load_sharded_model(model, ckpt)  # N workers' masters, resharded into one process
+            else:
+                load_model_weights(model, ckpt)
+        engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, work_dir=run.out_dir)
+        run.cleanup.callback(engine.close)
+        trainer = Trainer(cfg, model, tokenizer, engine, run.problems)
+        return Parts(model, tokenizer, engine, trainer)
+
+    def restore(self, parts: Parts, ckpt: Path, state: dict[str, Any]) -> None:
+        from dapo_core.train.checkpoint import is_sharded, load_sharded_optimizer
+
+        sharded = is_sharded(ckpt)
+        if sharded:
+            load_sharded_optimizer(parts.model, parts.trainer.optimizer, ckpt)
+        # A one-worker checkpoint holds the optimizer and this process's random streams.
+        parts.trainer.load_state_dict(state, optimizer=not sharded)
+
+    def save(self, run: Run, parts: Parts) -> Path:
+        trainer = parts.trainer
         return save_checkpoint(
-            out_dir,
+            run.out_dir,
             trainer.rollout_step,
-            model=model,
-            tokenizer=tokenizer,
+            model=parts.model,
+            tokenizer=parts.tokenizer,
             trainer_state=trainer.state_dict(),
-            config=cfg.to_dict(),
+            config=run.cfg.to_dict(),
         )
 
-    job = Job(
-        cfg=cfg,
-        trainer=trainer,
-        sink=sink,
-        evaluate=lambda step: evaluate_policy(cfg, model, tokenizer, engine, step=step),
-        checkpoint=checkpoint,
-    )
-    return run_steps(job, ckpt=ckpt, progress=progress, t_start=t_start)
+    def sink(self, run: Run) -> MetricsSink:
+        return self.metrics
 
 
 @contextlib.contextmanager
@@ -286,117 +260,6 @@ def _as_trained(cfg: ExperimentConfig, model: PreTrainedModel) -> PreTrainedMode
     return model
 
 
-@dataclass
-class Job:
-    """What the step loop needs from a training process, one worker or one of N."""
-
-    cfg: ExperimentConfig
-    trainer: Trainer
-    sink: MetricsSink
-    """Rank 0's sink; the other ranks get a no-op one."""
-    evaluate: Callable[[int], dict[str, Any]]
-    """Evaluation at a step (a collective on N workers: every rank calls it)."""
-    checkpoint: Callable[[], Path]
-    """Save a checkpoint of the current step (a collective on N workers)."""
-    dist: Collective = LOCAL
-
-
-def run_steps(
-    job: Job,
-    *,
-    ckpt: Path | None,
-    progress: Callable[[dict[str, Any]], None] | None,
-    t_start: float,
-) -> TrainResult:
-    """Step, evaluate, log and checkpoint until cfg.run.steps; the same loop on every rank."""
-    cfg, trainer, sink, dist = job.cfg, job.trainer, job.sink, job.dist
-    if ckpt is None:
-        # The starting model's score: every gain in the table is measured against it.
-        sink.log_evaluation(0, job.evaluate(0))
-
-    steps = cfg.run.steps
-    last_ckpt = str(ckpt) if ckpt is not None else ""
-    last_saved = trainer.rollout_step if ckpt is not None else -1
-    final_eval: dict[str, Any] | None = None
-    step_times: list[float] = []
-
-    def checkpoint(score: float | None) -> None:
-        nonlocal last_ckpt, last_saved
-        saved = job.checkpoint()
-        last_ckpt, last_saved = str(saved), trainer.rollout_step
-        if dist.rank == 0:  # after every rank's save returned: nobody reads the old ones
-            retain_checkpoints(saved, keep=cfg.run.keep_checkpoints, score=score, resumed_from=ckpt)
-
-    while trainer.rollout_step < steps:
-        t0 = time.perf_counter()
-        result = trainer.step()
-        s = result.step
-        metrics = dict(result.metrics)
-        if dist.world_size > 1:
-            metrics.update(per_rank_timings(metrics, dist))
-        is_last = s == steps
-        score = None  # this step's held-out avg@k: which checkpoint is the best
-        if is_last or (cfg.data.eval_every and s % cfg.data.eval_every == 0):
-            evaluation = job.evaluate(s)
-            sink.log_evaluation(s, evaluation)
-            metrics.update(_eval_metrics(evaluation))
-            score = float(evaluation["avg_at_k"])
-            if is_last:
-                final_eval = evaluation
-        sink.log_metrics(s, metrics)
-        if result.samples:
-            sink.log_samples(s, result.samples)
-        if is_last or (cfg.run.checkpoint_every and s % cfg.run.checkpoint_every == 0):
-            checkpoint(score)
-        if trainer.diverged:
-            raise TrainingDiverged(
-                f"training diverged at step {s}: {trainer.nonfinite_streak} gradient updates in a "
-                "row had a NaN or inf loss or gradient and were skipped; lower optim.lr (the "
-                "metrics so far are kept)"
-            )
-        step_times.append(time.perf_counter() - t0)
-        if progress is not None:
-            eta = (sum(step_times) / len(step_times)) * (steps - s)
-            progress(
-                {
-                    "step": s,
-                    "steps": steps,
-                    "workers": dist.world_size,
-                    "reward": metrics.get(M.REWARD_MEAN),
-                    "acc": metrics.get(M.ACC_MEAN),
-                    "entropy": metrics.get(M.ENTROPY_MEAN),
-                    "response_length": metrics.get(M.RESPONSE_LENGTH_MEAN),
-                    "tokens_per_s": metrics.get(M.TOKENS_PER_S),
-                    "eta_s": eta,
-                    "eval": final_eval if is_last else None,
-                }
-            )
-
-    if final_eval is None:  # resumed a run that had already finished its steps
-        final_eval = job.evaluate(trainer.rollout_step)
-        sink.log_evaluation(trainer.rollout_step, final_eval)
-    if last_saved != trainer.rollout_step:
-        checkpoint(float(final_eval["avg_at_k"]))
-    return TrainResult(
-        steps=trainer.rollout_step,
-        grad_updates=trainer.grad_updates,
-        tokens=trainer.tokens_total,
-        wall_s=time.perf_counter() - t_start,
-        final_eval=final_eval,
-        checkpoint_dir=last_ckpt,
-    )
-
-
-def per_rank_timings(metrics: Mapping[str, float], dist: Collective) -> dict[str, float]:
-    """Every rank's `time/...` values as `time/rank<r>/...` (a collective). The unprefixed
-    names keep rank 0's own timings; the other metrics are global already."""
-    mine = {k: v for k, v in metrics.items() if k.startswith(M.TIME_PREFIX)}
-    out: dict[str, float] = {}
-    for r, theirs in enumerate(dist.all_gather_object(mine)):
-        out.update({M.per_rank(name, r): value for name, value in theirs.items()})
-    return out
-
-
 def _check_resumable(cfg: ExperimentConfig, saved: dict[str, Any], out_dir: Path) -> None:
     now, then = flatten(cfg.to_dict()), flatten(saved)
     differ = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
@@ -416,98 +279,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _eval_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    return {
-        M.EVAL_AVG_AT_K: float(evaluation["avg_at_k"]),
-        M.EVAL_PASS_AT_K: float(evaluation["pass_at_k"]),
-        M.EVAL_CONS_AT_K: float(evaluation["cons_at_k"]),
-    }
-
-
 # --- evaluation ------------------------------------------------------------------------------
-def evaluate_policy(
-    cfg: ExperimentConfig,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    engine: RolloutEngine | None = None,
-    *,
-    step: int = 0,
-    dist: Collective = LOCAL,
-) -> dict[str, Any]:
-    """avg@k, pass@k and cons@k of the policy on cfg.data.eval (first data.eval_problems), and
-    the number of correct samples per problem (`correct_per_problem`).
-
-    Samples k responses per problem at data.eval_temperature with a seed derived from
-    (run.seed, step): an evaluation never advances the training sampler's random stream, so
-    evaluating (or not) leaves the training run unchanged, and it is reproducible for a given
-    number of workers. On N workers (a collective) each rank samples a share of the problems
-    with its own engine and every rank returns the whole result.
-    """
-    from dapo_core.algo.evaluate import summarize
-    from dapo_core.algo.rewards import math_score
-    from dapo_core.data.loaders import format_prompt, response_prefix
-
-    problems = eval_problems(cfg)
-    if engine is None:
-        from dapo_core.engines import make_engine
-
-        engine = make_engine("hf", model, tokenizer, cfg)
-    k = cfg.data.eval_k
-    mine = shard(list(range(len(problems))), dist.rank, dist.world_size)
-    prompts = [format_prompt(problems[i], cfg.data.prompt_template, tokenizer) for i in mine]
-    completions = (
-        engine.generate(
-            prompts,
-            SamplingParams(
-                n=k,
-                max_tokens=cfg.rollout.max_response_len,
-                temperature=cfg.data.eval_temperature,
-                top_p=cfg.rollout.top_p,
-                seed=cfg.run.seed * 1_000_003 + step + 17 + 7919 * dist.rank,
-            ),
-        )
-        if prompts
-        else []
-    )
-    scored: dict[int, tuple[list[bool], list[str | None]]] = {}
-    for j, i in enumerate(mine):
-        results = [
-            math_score(response_prefix(cfg.data.prompt_template) + c.text, problems[i].answer)
-            for c in completions[j * k : (j + 1) * k]
-        ]
-        scored[i] = ([bool(r.acc) for r in results], [r.pred for r in results])
-    if dist.world_size > 1:
-        for part in dist.all_gather_object(scored):
-            scored.update(part)
-    correct = [scored[i][0] for i in range(len(problems))]
-    preds = [scored[i][1] for i in range(len(problems))]
-    answers = [p.answer for p in problems]
-    summary = summarize(correct, preds, answers, k)
-    return {
-        "dataset": cfg.data.eval,
-        "k": k,
-        "avg_at_k": float(summary["avg_at_k"]),
-        "pass_at_k": float(summary["pass_at_k"]),
-        "cons_at_k": float(summary["cons_at_k"]),
-        "n_problems": len(problems),
-        # Correct samples (of k) per problem, in the eval set's order: what a paired comparison
-        # of two arms on the same problems, or a bootstrap over problems, needs.
-        "correct_per_problem": [sum(c) for c in correct],
-    }
-
-
-def eval_problems(cfg: ExperimentConfig) -> list[Any]:
-    """The problems an evaluation samples: the first data.eval_problems of data.eval (0: all)."""
-    from dapo_core.data.loaders import load_problems
-
-    problems = load_problems(cfg.data.eval, seed=cfg.run.seed)
-    if cfg.data.eval_problems:
-        problems = problems[: cfg.data.eval_problems]
-    if not problems:
-        raise ValueError(f"data.eval={cfg.data.eval!r} holds no problems")
-    return list(problems)
-
-
 def evaluate_checkpoint(ckpt: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     """`dapo eval`: evaluate_policy on a checkpoint with cfg's engine (rollout.engine).
 
@@ -523,8 +295,8 @@ def evaluate_checkpoint(ckpt: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     from dapo_core.engines import make_engine
     from dapo_core.setup.architectures import resolve_architecture
     from dapo_core.setup.plan import check_evaluation_fits
-    from dapo_core.train.checkpoint import ensure_export, has_export
-    from dapo_core.train.run_dir import checkpoint_step
+    from dapo_core.train.checkpoint import ensure_export
+    from dapo_core.train.run_dir import checkpoint_step, has_export
 
     model_dir = ensure_export(ckpt, cfg.model)  # N workers export their last checkpoint only
     device = setup_torch(cfg)

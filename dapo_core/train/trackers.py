@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo_core.setup.config import LOGGERS, ExperimentConfig, flatten
+from dapo_common.util import flatten
+from dapo_core.setup.config import LOGGERS, ExperimentConfig
 from dapo_core.train.protocols import MetricsSink
 
 log = logging.getLogger(__name__)

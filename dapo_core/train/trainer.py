@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.algo.advantages import group_advantages
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig

@@ -6,7 +6,7 @@ import altair as alt
 import streamlit as st
 
 from dashboard import shaping, widgets
-from db import queries, table_format
+from db import ablation, grids, reads, table_format
 
 st.title("Ablation ladder")
 
@@ -16,17 +16,17 @@ if picked is None:
     st.stop()
 sweep_id: int = int(picked)  # named once more: the fragment below is a closure mypy can't narrow
 
-sweep = queries.sweep_details(engine, sweep_id)
+sweep = reads.sweep_details(engine, sweep_id)
 live = widgets.live_refresh(running=sweep["status"] == "running")
 
 
 @st.fragment(run_every=widgets.REFRESH_S if live else None)
 def ablation_body() -> None:
-    table = queries.ablation_table(engine, sweep_id)
+    table = ablation.ablation_table(engine, sweep_id)
     if table.empty:
         st.info(f"Sweep {sweep_id} has no arms.")
         return
-    progress = queries.list_sweeps(engine, sweep_id).iloc[0]  # this sweep's only
+    progress = ablation.list_sweeps(engine, sweep_id).iloc[0]  # this sweep's only
     st.caption(
         f"Preset **{sweep['preset']}** · {shaping.status_badge(progress['status'])} · "
         f"{int(progress['runs_done'])}/{int(progress['arms_total'])} runs done · "
@@ -72,7 +72,7 @@ def ablation_body() -> None:
     # Where to look next: whether each arm's mechanism acted, and a grid's points against
     # the swept value (links keep the sweep).
     more = f"[Mechanisms](mechanisms?sweep={sweep_id}): did each arm's change move its own metric?"
-    if queries.grid_keys(engine, sweep_id):
+    if grids.grid_keys(engine, sweep_id):
         more += f" · [Grid](grid?sweep={sweep_id}): the score against the swept value."
     st.markdown(more)
     st.download_button(
@@ -119,7 +119,7 @@ def ablation_body() -> None:
 
 ablation_body()
 
-runs = queries.runs_of_sweep(engine, sweep_id)
+runs = reads.runs_of_sweep(engine, sweep_id)
 with st.expander("Runs of this sweep"):
     if runs.empty:
         st.caption("No runs yet.")

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import configs, curves, widgets
-from db import queries
+from db import reads
 
 st.title("Compare two runs")
 engine = widgets.store()
@@ -18,7 +18,7 @@ with right_col:
 if run_a is None or run_b is None:
     st.stop()
 
-a, b = queries.run_details(engine, run_a), queries.run_details(engine, run_b)
+a, b = reads.run_details(engine, run_a), reads.run_details(engine, run_b)
 name_a = f"A: {a['arm']} s{a['seed']} (run {run_a})"
 name_b = f"B: {b['arm']} s{b['seed']} (run {run_b})"
 
@@ -30,7 +30,7 @@ else:
     st.dataframe(diff, hide_index=True, width="stretch")
 
 st.subheader("Final metrics")
-long = queries.metric_curves(engine, [run_a, run_b])
+long = reads.metric_curves(engine, [run_a, run_b])
 finals = curves.final_values(long, [run_a, run_b], [name_a, name_b])
 if finals.empty:
     st.info("Neither run has logged metrics yet.")
@@ -41,7 +41,7 @@ else:
 st.subheader("Evaluations")
 frames = []
 for name, run_id in ((name_a, run_a), (name_b, run_b)):
-    evals = queries.evaluations(engine, run_id)
+    evals = reads.evaluations(engine, run_id)
     if evals.empty:
         st.info(f"{name} has no evaluations.")
         continue

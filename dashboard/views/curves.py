@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dapo_core import metric_names
+from dapo_common import metric_names
 from dashboard import curves, widgets
-from db import queries, table_format
+from db import ablation, reads, table_format
 
 st.title("Training curves")
 engine = widgets.store()
@@ -14,13 +14,13 @@ sweep_id = widgets.pick_sweep(engine)
 if sweep_id is None:
     st.stop()
 
-runs = queries.runs_of_sweep(engine, sweep_id)
+runs = reads.runs_of_sweep(engine, sweep_id)
 if runs.empty:
     st.info(f"Sweep {sweep_id} has no runs yet: curves appear as soon as a run logs a step.")
     st.stop()
 # Training metrics: the latest attempt of each (arm, seed), which is what a rerun replaces.
 latest = runs.sort_values("attempt").groupby(["arm", "seed"], as_index=False).last()
-table = queries.ablation_table(engine, sweep_id)
+table = ablation.ablation_table(engine, sweep_id)
 ladder = list(table["arm"])
 arms_present = [a for a in ladder if a in set(latest["arm"])]
 
@@ -52,7 +52,7 @@ if not arms:
     st.info("Pick at least one arm.")
     st.stop()
 x_metric: str | None = x_axes[x_label]
-counters = queries.metric_curves(
+counters = reads.metric_curves(
     engine, [int(r) for r in latest["run_id"]], names=list(metric_names.X_AXES.values())
 )
 if x_metric not in set(counters["name"]):
@@ -68,14 +68,14 @@ else:
     metric = table_format.metric_label(table)
     behind = [int(r) for arm, ids in zip(table["arm"], table["run_ids"], strict=True)
               if arm in arms for r in ids]  # fmt: skip
-    evals = queries.evaluation_curves(engine, behind, str(dataset.iloc[0]), int(k.iloc[0]))
+    evals = reads.evaluation_curves(engine, behind, str(dataset.iloc[0]), int(k.iloc[0]))
     band = curves.eval_band(evals, counters, x_metric)
     if band.empty:
         st.info(f"No {metric} evaluations of these arms yet.")
     else:
         chart = curves.band_chart(
             band,
-            queries.EVAL_CURVE,
+            reads.EVAL_CURVE,
             arms,
             x_label,
             height=320,
@@ -92,7 +92,7 @@ else:
 
 # --- training metrics ----------------------------------------------------------------------
 st.subheader("Training metrics")
-available = queries.metric_names(engine, [int(r) for r in latest["run_id"]])
+available = reads.metric_names(engine, [int(r) for r in latest["run_id"]])
 if not available:
     st.info("No metrics logged yet for this sweep.")
     st.stop()
@@ -105,7 +105,7 @@ if not chosen:
     st.stop()
 selected = latest[latest["arm"].isin(arms)]
 names = [*chosen, x_metric] if x_metric is not None else chosen
-long = queries.metric_curves(engine, [int(r) for r in selected["run_id"]], names=names)
+long = reads.metric_curves(engine, [int(r) for r in selected["run_id"]], names=names)
 band = curves.curve_band(long, chosen, x_metric, weight)
 st.caption(
     f"{selected['seed'].nunique()} seed(s) per arm: line = mean over seeds, band = {band_text}. "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import grids, widgets
-from db import mechanisms, queries, table_format
+from db import ablation, mechanisms, reads, table_format
+from db.grids import grid_keys, grid_table
 
 NO_METRIC = "(none)"
 
@@ -15,7 +16,7 @@ sweep_id = widgets.pick_sweep(engine)
 if sweep_id is None:
     st.stop()
 
-keys = queries.grid_keys(engine, sweep_id)
+keys = grid_keys(engine, sweep_id)
 if not keys:
     st.info(
         f"Sweep {sweep_id} is not a grid. A grid sweep expands arms from a base arm, e.g. "
@@ -24,8 +25,8 @@ if not keys:
     )
     st.stop()
 
-runs = queries.runs_of_sweep(engine, sweep_id)
-logged = queries.metric_names(engine, [int(r) for r in runs["run_id"]])
+runs = reads.runs_of_sweep(engine, sweep_id)
+logged = reads.metric_names(engine, [int(r) for r in runs["run_id"]])
 c1, c2, c3 = st.columns([1, 2, 1])
 x_key = str(c1.selectbox("x: swept key", keys, key="grid-x"))
 metric_choice = c2.selectbox("Also plot a training metric", [NO_METRIC, *logged], key="grid-metric")
@@ -40,7 +41,7 @@ window = int(
     )
 )
 metric = None if metric_choice == NO_METRIC else str(metric_choice)
-grid = queries.grid_table(engine, sweep_id, metric=metric, window=window)
+grid = grid_table(engine, sweep_id, metric=metric, window=window)
 others = [k for k in keys if k != x_key]
 score_label = table_format.metric_label(grid)
 st.caption(
@@ -85,7 +86,7 @@ if metric is not None:
         )
 
 with st.expander("Δ to the base, per arm (the ablation table)"):
-    table = queries.ablation_table(engine, sweep_id)
+    table = ablation.ablation_table(engine, sweep_id)
     records = table_format.ablation_records(table)
     st.dataframe(
         [{c: r[c] for c in ("arm", "parent", "n", "final", "Δ parent")} for r in records],

@@ -7,7 +7,8 @@ import streamlit as st
 
 from dashboard import mechanisms, widgets
 from db import mechanisms as mech_text
-from db import queries
+from db import reads
+from db.mechanism_table import mechanism_table
 
 st.title("Mechanisms")
 engine = widgets.store()
@@ -15,8 +16,8 @@ sweep_id = widgets.pick_sweep(engine)
 if sweep_id is None:
     st.stop()
 
-runs = queries.runs_of_sweep(engine, sweep_id)
-logged = set(queries.metric_names(engine, [int(r) for r in runs["run_id"]]))
+runs = reads.runs_of_sweep(engine, sweep_id)
+logged = set(reads.metric_names(engine, [int(r) for r in runs["run_id"]]))
 # The default metrics always (one a run did not log reads "—"), then any metric some arm's
 # change is about that the runs did log (e.g. mismatch/is_masked of a rollout-correction arm).
 focus_logged = sorted(
@@ -44,7 +45,7 @@ if not chosen:
     st.info("Pick at least one metric.")
     st.stop()
 
-table = queries.mechanism_table(engine, sweep_id, chosen, window)
+table = mechanism_table(engine, sweep_id, chosen, window)
 if table.empty:
     st.info(f"Sweep {sweep_id} has no arms.")
     st.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import rollouts, widgets
-from db import queries
+from db import reads
 
 st.title("Rollouts")
 engine = widgets.store()
@@ -13,7 +13,7 @@ run_id = widgets.pick_run(engine, key="rollout-run", param="run")
 if run_id is None:
     st.stop()
 
-every = queries.samples(engine, run_id, limit=100_000)
+every = reads.samples(engine, run_id, limit=100_000)
 if every.empty:
     st.info(f"Run {run_id} has no sampled rollouts stored yet.")
     st.stop()
@@ -22,7 +22,7 @@ steps = sorted(int(s) for s in every["step"].unique())
 c1, c2 = st.columns([1, 2])
 step = c1.selectbox("Step", steps, index=len(steps) - 1, key="rollout-step")
 which = c2.radio("Show", list(rollouts.FILTERS), horizontal=True, key="rollout-filter")
-shown = queries.samples(engine, run_id, step=int(step), **rollouts.FILTERS[which])
+shown = reads.samples(engine, run_id, step=int(step), **rollouts.FILTERS[which])
 
 at_step = every[every["step"] == step]
 st.caption(rollouts.step_summary(at_step))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import streamlit as st
 
+from dapo_common.util import duration
 from dashboard import configs, shaping, widgets
-from db import queries, table_format
+from db import reads, table_format
 
 st.title("Run")
 engine = widgets.store()
 run_id = widgets.pick_run(engine, key="run-page-run", param="run")
 if run_id is None:
     st.stop()
-run = queries.run_details(engine, run_id)
+run = reads.run_details(engine, run_id)
 
 st.subheader(f"{run['arm']} · seed {run['seed']} · attempt {run['attempt']}")
 cols = st.columns(5)
@@ -22,7 +23,7 @@ cols[2].metric(
     "grad updates", "—" if run["grad_updates"] is None else f"{int(run['grad_updates']):,}"
 )
 cols[3].metric("tokens", "—" if run["tokens"] is None else f"{int(run['tokens']):,}")
-cols[4].metric("wall time", table_format.duration(run["wall_s"]))
+cols[4].metric("wall time", duration(run["wall_s"], compact=True, missing=table_format.MISSING))
 
 if run["status"] == "failed":
     error = str(run.get("error") or "no error message recorded")
@@ -39,14 +40,14 @@ st.markdown(f"Checkpoint dir: `{run.get('checkpoint_dir') or 'none recorded'}`")
 widgets.show_flow_run_link(run.get("flow_run_id"))
 
 st.subheader("What this arm changes")
-previous = queries.previous_arm_run(engine, run_id)
+previous = reads.previous_arm_run(engine, run_id)
 if previous is None:
     st.info(
         "No completed run of the previous arm with this seed in this sweep "
         "(this is the first arm, or its predecessor has not finished)."
     )
 else:
-    before = queries.run_details(engine, previous)
+    before = reads.run_details(engine, previous)
     left, right = f"{before['arm']} (run {previous})", f"{run['arm']} (run {run_id})"
     diff = configs.config_diff(before["config"], run["config"], left, right)
     if diff.empty:
@@ -57,7 +58,7 @@ with st.expander("Full config"):
     st.json(run["config"], expanded=False)
 
 st.subheader("Evaluations")
-evals = queries.evaluations(engine, run_id)
+evals = reads.evaluations(engine, run_id)
 if evals.empty:
     st.info(
         "No evaluations for this run yet: a run scores its starting model (step 0) first, "
@@ -79,7 +80,7 @@ else:
 
 if run["sweep_id"] is not None:
     st.subheader("Attempts of this arm")
-    attempts = queries.arm_attempts(engine, int(run["sweep_id"]), str(run["arm"]))
+    attempts = reads.arm_attempts(engine, int(run["sweep_id"]), str(run["arm"]))
     if not attempts.empty and "status" in attempts:
         attempts = attempts.assign(status=attempts["status"].map(shaping.status_badge))
     wanted = ["run_id", "seed", "attempt", "status", "started_at", "finished_at", "wall_s"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import shaping, widgets
-from db import queries, table_format
+from db import ablation, table_format
 
 st.title("Sweeps")
 engine = widgets.store()
-first = queries.list_sweeps(engine)
+first = ablation.list_sweeps(engine)
 if first.empty:
     st.info(widgets.NO_SWEEPS)
     st.stop()
@@ -19,7 +19,7 @@ live = widgets.live_refresh(running=bool((first["status"] == "running").any()))
 
 @st.fragment(run_every=widgets.REFRESH_S if live else None)
 def sweeps_body() -> None:
-    sweeps = queries.list_sweeps(engine).sort_values("sweep_id", ascending=False)
+    sweeps = ablation.list_sweeps(engine).sort_values("sweep_id", ascending=False)
     frame = sweeps.assign(
         open="./?sweep=" + sweeps["sweep_id"].astype(str),
         status=sweeps["status"].map(shaping.status_badge),

@@ -21,9 +21,10 @@ import torch.multiprocessing as mp  # noqa: E402
 from test_vllm_engine import PROMPTS, _model  # noqa: E402
 from tiny_policy import char_tokenizer, forward_logprobs  # noqa: E402
 
+from dapo_common.util import free_port  # noqa: E402
 from dapo_core.engines.base import SamplingParams  # noqa: E402
 from dapo_core.engines.vllm_engine import VLLMEngine  # noqa: E402
-from dapo_core.train.distributed import free_port, push_weights, shard_policy  # noqa: E402
+from dapo_core.train.distributed import push_weights, shard_policy  # noqa: E402
 
 
 def _worker(rank: int, init: str, model_dir: str, out: str) -> None:

@@ -1,7 +1,8 @@
 """Metric names: the one vocabulary shared by the trainer, the store, the dashboard and the tests.
 
-Names are slash-namespaced like CleanRL's (`group/what`). This module imports nothing heavy so
-that the dashboard may read it without pulling in torch.
+Names are slash-namespaced like CleanRL's (`group/what`). It lives in dapo_common, below every
+layer, so that the store (db: its mechanism table, its curves) and the dashboard read the same
+constants without importing dapo_core or torch.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ ACC_MEAN = "acc/mean"
 
 # --- policy ---
 ENTROPY_MEAN = "entropy/mean"
+# Mean entropy at the response positions where the task takes its decision (the explore task's
+# fork: dapo_core.data.loaders.decision_positions), under the policy that sampled the batch;
+# logged only for a task that names such positions.
+ENTROPY_DECISION = "entropy/decision"
 POLICY_LOSS = "losses/policy_loss"
 KL_LOSS = "losses/kl_loss"
 APPROX_KL = "losses/approx_kl"  # k1 estimate of KL(old || new), Schulman's k1
 CLIP_RATIO_HIGH = "clip_ratio/high"  # tokens clipped at 1 + eps_high (A > 0)
 CLIP_RATIO_LOW = "clip_ratio/low"  # tokens clipped at 1 - eps_low (A < 0)
 CLIP_RATIO_DUAL = "clip_ratio/dual"  # tokens bounded by the dual clip c (A < 0)
+# Tokens that could reach the upper bound at all: A > 0 and old probability < 1 / (1 + eps_high)
+# (a ratio is at most 1 / p_old); the room Clip-Higher has (dapo_core.algo.losses.clip_eligible).
+CLIP_RATIO_HIGH_ELIGIBLE = "clip_ratio/high_eligible"
 # Share of the loss weight carried by the longer half of the batch's responses: 0.5 under the
 # sample-level loss (each response weighs the same), above under the token-level loss (Eq. 12).
 LOSS_LONG_SHARE = "loss/long_share"

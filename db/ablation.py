@@ -1,0 +1,458 @@
+"""The ablation table: one row per arm of a sweep, its score over seeds with a 95% interval,
+its gain over the starting model and its paired differences to the parent arm and to the
+baseline (db.stats); and the list of sweeps, whose leader comes from the same rows.
+
+One function (`ablation_table`) builds it for `dapo table`, the dashboard and the Prefect
+artifact; db.table_format turns it into text. Which attempt of an (arm, seed) counts is
+db.reads' rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+
+from db import stats
+from db.errors import NotFound
+from db.models import EVALUATIONS, RUNS, SWEEPS, fold_status
+from db.reads import (
+    RUN_COLUMNS,
+    arm_order,
+    latest_attempts,
+    parents,
+    run_select,
+    selected_attempts,
+    shown_sweep_status,
+    sweep_row,
+    sweep_runs,
+    to_frame,
+)
+
+EvalKey = tuple[int, int]  # (run_id, step) of one evaluation
+
+SWEEP_COLUMNS = [
+    "sweep_id",
+    "name",
+    "preset",
+    "status",
+    "created_at",
+    "finished_at",
+    "arms",
+    "seeds",
+    "arms_total",
+    "runs_done",
+    "runs_failed",
+    "runs_running",
+    "best_arm",
+    "best_score",
+    "leader",
+    "flow_run_id",
+    "error",
+]
+ABLATION_COLUMNS = [
+    "arm",
+    "adds",
+    "parent",
+    "paper_score",
+    "seeds",
+    "scores",
+    "best_scores",
+    "start_scores",
+    "n_seeds",
+    # stats.Estimate records (mean, 95% interval, n): see ablation_table
+    "score",
+    "gain",
+    "gain_problems",
+    "delta_parent",
+    "delta_parent_problems",
+    "delta_base",
+    "delta_base_problems",
+    "score_mean",
+    "score_std",
+    "best_mean",
+    "best_std",
+    "start_mean",
+    "steps",
+    "grad_updates",
+    "tokens",
+    "wall_s",
+    "status",
+    "runs_done",
+    "runs_total",
+    "run_ids",
+    "eval_dataset",
+    "eval_k",
+]
+
+_sweeps, _runs, _evaluations = SWEEPS, RUNS, EVALUATIONS
+
+
+# --- the sweeps ---------------------------------------------------------------------------
+
+
+def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
+    """Every sweep (or the one `sweep_id` names), newest first, with progress: runs_done counts
+    the (arm, seed) pairs with a completed attempt out of arms_total = arms × seeds. best_arm
+    (and best_score, its mean) is set only when the arm with the highest mean leads the
+    runner-up significantly (paired 95% interval over seeds above 0); `leader` is the
+    stats.Leader behind it, for the headline."""
+    with engine.connect() as conn:
+        select_sweeps, select_runs = sa.select(_sweeps), run_select()
+        if sweep_id is not None:
+            select_sweeps = select_sweeps.where(_sweeps.c.id == int(sweep_id))
+            select_runs = select_runs.where(_runs.c.sweep_id == int(sweep_id))
+        sweeps = conn.execute(select_sweeps.order_by(_sweeps.c.id.desc())).all()
+        if not sweeps:
+            return to_frame([], SWEEP_COLUMNS)
+        runs = to_frame(conn.execute(select_runs).all(), RUN_COLUMNS)
+        evals = _evaluation_frame(conn, sweep_id)
+    rows = []
+    for sweep in sweeps:
+        mine = runs[runs["sweep_id"] == sweep.id]
+        latest = latest_attempts(mine)
+        done = selected_attempts(mine)
+        done = done[done["status"] == "completed"]
+        sweep_evals = evals[evals["run_id"].isin(mine["run_id"])]
+        table = _ablation_rows(sweep, mine, sweep_evals, primary_evaluation(sweep_evals))
+        lead = stats.leader_of_rows(table)
+        rows.append(
+            (
+                sweep.id,
+                sweep.name,
+                sweep.preset,
+                shown_sweep_status(sweep, mine),
+                sweep.created_at,
+                sweep.finished_at,
+                list(sweep.arms),
+                list(sweep.seeds),
+                len(sweep.arms) * len(sweep.seeds),
+                len(done),
+                int((latest["status"] == "failed").sum()),
+                int((latest["status"] == "running").sum()),
+                lead.best if lead.significant else None,
+                lead.best_mean if lead.significant else math.nan,
+                lead,
+                sweep.flow_run_id,
+                sweep.error,
+            )
+        )
+    return to_frame(rows, SWEEP_COLUMNS)
+
+
+# --- the ablation table ------------------------------------------------------------------
+
+
+_EVAL_FRAME = ["run_id", "dataset", "k", "step", "avg_at_k", "n_problems"]
+
+
+def _evaluation_frame(conn: sa.Connection, sweep_id: int | None = None) -> pd.DataFrame:
+    """Evaluations (run_id, dataset, k, step, avg@k, n_problems) of one sweep's runs, or of
+    every sweep. The per-problem counts (`extra`) are read only where needed: _correct_counts."""
+    e, r = _evaluations.c, _runs.c
+    query = sa.select(*(e[c] for c in _EVAL_FRAME)).join_from(_evaluations, _runs, e.run_id == r.id)
+    if sweep_id is not None:
+        query = query.where(r.sweep_id == int(sweep_id))
+    return to_frame(conn.execute(query).all(), _EVAL_FRAME)
+
+
+def _correct_counts(
+    conn: sa.Connection, dataset: str, k: int, keys: Iterable[EvalKey]
+) -> dict[EvalKey, list[int]]:
+    """(run_id, step) -> correct samples per eval problem, from the evaluations' `extra`
+    (runs evaluated before it was recorded have none)."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    e = _evaluations.c
+    query = sa.select(e.run_id, e.step, e.extra).where(
+        e.dataset == dataset,
+        e.k == int(k),
+        e.run_id.in_(sorted({run for run, _ in wanted})),
+    )
+    out: dict[EvalKey, list[int]] = {}
+    for run_id, step, extra in conn.execute(query):
+        counts = (extra or {}).get("correct_per_problem")
+        if (int(run_id), int(step)) in wanted and isinstance(counts, list):
+            out[(int(run_id), int(step))] = [int(c) for c in counts]
+    return out
+
+
+def evaluation_choices(evals: pd.DataFrame) -> list[tuple[str, int]]:
+    """The (dataset, k) pairs that have a score, sorted."""
+    scored = evals.dropna(subset=["avg_at_k"])
+    pairs = {(str(d), int(k)) for d, k in zip(scored["dataset"], scored["k"], strict=True)}
+    return sorted(pairs)
+
+
+def primary_evaluation(evals: pd.DataFrame) -> tuple[str, int] | None:
+    """The (dataset, k) that scores the table: the one most runs were evaluated on (ties: the
+    dataset first by name, then the larger k)."""
+    scored = evals.dropna(subset=["avg_at_k"])
+    if scored.empty:
+        return None
+    counts = scored.groupby(["dataset", "k"])["run_id"].nunique().reset_index(name="n")
+    counts = counts.sort_values(["n", "dataset", "k"], ascending=[False, True, False])
+    best = counts.iloc[0]
+    return str(best["dataset"]), int(best["k"])
+
+
+def _resolve_evaluation(
+    evals: pd.DataFrame, dataset: str | None, k: int | None, sweep_id: int
+) -> tuple[str, int] | None:
+    """The (dataset, k) to score by: the one asked for, else the primary one. Asking for one
+    the sweep does not have is a mistake: NotFound names the ones it has (never a table of
+    dashes)."""
+    candidates = evals
+    if dataset is not None:
+        candidates = candidates[candidates["dataset"] == dataset]
+    if k is not None:
+        candidates = candidates[candidates["k"] == int(k)]
+    found = primary_evaluation(candidates)
+    if found is None and (dataset is not None or k is not None):
+        asked = " ".join(
+            part
+            for part in (
+                f"dataset {dataset!r}" if dataset is not None else "",
+                f"k={k}" if k is not None else "",
+            )
+            if part
+        )
+        have = ", ".join(f"{d} avg@{n}" for d, n in evaluation_choices(evals))
+        raise NotFound(
+            f"sweep {sweep_id} has no evaluation with {asked}; "
+            + (f"it has: {have}" if have else "it has no evaluations yet")
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class _SeedScore:
+    """What one (arm, seed) contributes: its selected run's final, best and start avg@k."""
+
+    run_id: int
+    final: float
+    best: float
+    final_step: int
+    n_problems: int | None
+    start: float = math.nan  # the step-0 evaluation (the starting model)
+    start_run: int | None = None  # the attempt that holds it (a resumed attempt has none)
+
+
+def _scores(evals: pd.DataFrame, dataset: str, k: int) -> dict[int, _SeedScore]:
+    """run_id -> final avg@k (at the run's last evaluated step), best avg@k over its steps, and
+    its own step-0 score when it has one."""
+    mine = evals[(evals["dataset"] == dataset) & (evals["k"] == k)].dropna(subset=["avg_at_k"])
+    out: dict[int, _SeedScore] = {}
+    for run_id, group in mine.groupby("run_id"):
+        ordered = group.sort_values("step")
+        last = ordered.iloc[-1]
+        start = ordered[ordered["step"] == 0]["avg_at_k"]
+        n_problems = last["n_problems"]
+        out[int(run_id)] = _SeedScore(
+            run_id=int(run_id),
+            final=float(last["avg_at_k"]),
+            best=float(ordered["avg_at_k"].max()),
+            final_step=int(last["step"]),
+            n_problems=None if pd.isna(n_problems) else int(n_problems),
+            start=float(start.iloc[0]) if len(start) else math.nan,
+            start_run=int(run_id) if len(start) else None,
+        )
+    return out
+
+
+def _mean_of(frame: pd.DataFrame, column: str) -> float:
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    return float(values.mean()) if len(values) else math.nan
+
+
+def _same_problems(a: _SeedScore, b: _SeedScore) -> bool:
+    """Two evaluations of one seed compare problem by problem only on the same eval set (the
+    dataset and k are fixed by the table; a different problem count means a different set)."""
+    return a.n_problems is None or b.n_problems is None or a.n_problems == b.n_problems
+
+
+def _paired_delta(mine: dict[int, _SeedScore], other: dict[int, _SeedScore]) -> stats.Estimate:
+    """Final score of `mine` − `other`, paired by seed over the seeds both have."""
+    common = [s for s in mine if s in other and _same_problems(mine[s], other[s])]
+    return stats.paired({s: mine[s].final for s in common}, {s: other[s].final for s in common})
+
+
+def _problems_delta(
+    delta: stats.Estimate,
+    correct: Mapping[EvalKey, list[int]],
+    k: int,
+    a: Mapping[int, EvalKey | None],
+    b: Mapping[int, EvalKey | None],
+) -> stats.Estimate:
+    """A one-seed difference with its interval over eval problems (problem sampling only):
+    a[seed] and b[seed] name the two evaluations it compares."""
+    if delta.n != 1:
+        return stats.EMPTY
+    seed = delta.keys[0]
+    key_a, key_b = a.get(seed), b.get(seed)
+    ca = correct.get(key_a) if key_a is not None else None
+    cb = correct.get(key_b) if key_b is not None else None
+    if ca is None or cb is None or len(ca) != len(cb) or len(ca) < 2:
+        return stats.EMPTY
+    return stats.paired_problems(ca, cb, k)
+
+
+def _final_key(score: _SeedScore) -> EvalKey:
+    return (score.run_id, score.final_step)
+
+
+def _start_key(score: _SeedScore) -> EvalKey | None:
+    return None if score.start_run is None else (score.start_run, 0)
+
+
+def _ablation_rows(
+    sweep: Any,
+    runs: pd.DataFrame,
+    evals: pd.DataFrame,
+    evaluation: tuple[str, int] | None,
+    correct: Mapping[EvalKey, list[int]] | None = None,
+) -> list[dict[str, Any]]:
+    dataset, k = evaluation if evaluation is not None else (None, None)
+    mine = evals[evals["run_id"].isin(runs["run_id"])] if not runs.empty else evals.iloc[0:0]
+    scores = _scores(mine, dataset, k) if dataset is not None and k is not None else {}
+    correct = correct or {}
+    ladder = {str(rung["arm"]): rung for rung in (sweep.ladder or [])}
+    seeds = [int(s) for s in sweep.seeds or []]
+    selected, latest = selected_attempts(runs), latest_attempts(runs)
+    order = arm_order(sweep, runs)
+    parent_of = parents(sweep, order)
+    # The starting model's score of each (arm, seed), from any attempt that evaluated it: a
+    # resumed attempt starts from a checkpoint and does not evaluate step 0 again.
+    starts: dict[tuple[str, int], tuple[float, int]] = {}
+    for run in runs.sort_values("attempt").itertuples():
+        found = scores.get(int(run.run_id))
+        if found is not None and found.start_run is not None:
+            starts.setdefault((str(run.arm), int(run.seed)), (found.start, found.start_run))
+    by_arm: dict[str, dict[int, _SeedScore]] = {}
+    rows: list[dict[str, Any]] = []
+    for arm in order:
+        chosen = selected[selected["arm"] == arm].sort_values("seed")
+        newest = latest[latest["arm"] == arm]
+        per_seed: dict[int, _SeedScore] = {}
+        for run in chosen.itertuples():
+            found = scores.get(int(run.run_id))
+            if run.status == "completed" and found is not None:
+                if found.start_run is None:
+                    start, start_run = starts.get((arm, int(run.seed)), (math.nan, None))
+                    found = replace(found, start=start, start_run=start_run)
+                per_seed[int(run.seed)] = found
+        by_arm[arm] = per_seed
+        # Counters describe the runs behind the scores (the completed ones); an arm with none
+        # completed yet shows how far its runs have got.
+        done = chosen[chosen["status"] == "completed"]
+        counted = done if len(done) else chosen
+        finals = [s.final for s in per_seed.values()]
+        mean, std = stats.mean_sd(finals)
+        best_mean, best_std = stats.mean_sd([s.best for s in per_seed.values()])
+        started = {seed: s for seed, s in per_seed.items() if not math.isnan(s.start)}
+        gain = stats.paired(
+            {seed: s.final for seed, s in started.items()},
+            {seed: s.start for seed, s in started.items()},
+        )
+        status_by_seed = dict(zip(newest["seed"].astype(int), newest["status"], strict=True))
+        all_seeds = sorted(set(seeds) | set(status_by_seed))
+        rung = ladder.get(arm, {})
+        paper = rung.get("paper_score")
+        rows.append(
+            {
+                "arm": arm,
+                "adds": rung.get("adds"),
+                "parent": parent_of[arm],
+                "paper_score": math.nan if paper is None else float(paper),
+                "seeds": list(per_seed),
+                "scores": finals,
+                "best_scores": [s.best for s in per_seed.values()],
+                "start_scores": [s.start for s in per_seed.values()],
+                "n_seeds": len(finals),
+                "score": stats.t_interval(finals, keys=list(per_seed)),
+                "score_mean": mean,
+                "score_std": std,
+                "best_mean": best_mean,
+                "best_std": best_std,
+                "start_mean": stats.mean_sd([s.start for s in started.values()])[0],
+                "gain": gain,
+                "gain_problems": _problems_delta(
+                    gain,
+                    correct,
+                    k or 1,
+                    {seed: _final_key(s) for seed, s in started.items()},
+                    {seed: _start_key(s) for seed, s in started.items()},
+                ),
+                "steps": _mean_of(counted, "steps"),
+                "grad_updates": _mean_of(counted, "grad_updates"),
+                "tokens": _mean_of(counted, "tokens"),
+                "wall_s": _mean_of(counted, "wall_s"),
+                "status": fold_status([status_by_seed.get(s) for s in all_seeds]),
+                "runs_done": int((chosen["status"] == "completed").sum()),
+                "runs_total": len(all_seeds),
+                "run_ids": [int(r) for r in chosen["run_id"]],
+                "eval_dataset": dataset,
+                "eval_k": k,
+            }
+        )
+    base = order[0] if order else None
+    for row in rows:
+        arm = row["arm"]
+        for name, other in (("delta_parent", parent_of[arm]), ("delta_base", base)):
+            if other is None or other == arm:
+                row[name] = row[f"{name}_problems"] = stats.EMPTY
+                continue
+            mine_, theirs = by_arm[arm], by_arm[other]
+            delta = _paired_delta(mine_, theirs)
+            row[name] = delta
+            row[f"{name}_problems"] = _problems_delta(
+                delta,
+                correct,
+                k or 1,
+                {seed: _final_key(s) for seed, s in mine_.items()},
+                {seed: _final_key(s) for seed, s in theirs.items()},
+            )
+    return rows
+
+
+def _needed_counts(scores: Mapping[int, _SeedScore]) -> list[EvalKey]:
+    """The evaluations whose per-problem counts the table may use: every run's final and
+    step-0 ones."""
+    keys = [_final_key(s) for s in scores.values()]
+    return keys + [key for s in scores.values() if (key := _start_key(s)) is not None]
+
+
+def ablation_table(
+    engine: sa.Engine, sweep_id: int, *, dataset: str | None = None, k: int | None = None
+) -> pd.DataFrame:
+    """One row per arm of the sweep, in ladder order (see ABLATION_COLUMNS).
+
+    Per arm: what it adds, its parent arm and the paper's score; per seed the final avg@k (the
+    evaluation at the run's last evaluated step), the best avg@k over its evaluations and the
+    starting model's (step 0), of the latest completed attempt. Statistics (db.stats, typed
+    `Estimate`s with a 95% t-interval over seeds): `score` (mean final), `gain` (final − start,
+    paired by seed), `delta_parent` and `delta_base` (final − the parent's / the first arm's,
+    paired by seed over the seeds both have); with one seed, `*_problems` is the same
+    difference with an interval over eval problems (problem sampling only). Also the mean and
+    sample std of final and best, steps, gradient updates, tokens and wall time (mean over the
+    seeds' completed runs, else over their latest attempts), and the status folded over seeds
+    (running > failed > cancelled > pending > completed). The evaluation is (dataset, k) when
+    given (NotFound, naming those that exist, when the sweep has none such), else the one most
+    runs have. Scores are fractions; Δs are differences of fractions.
+    """
+    with engine.connect() as conn:
+        sweep = sweep_row(conn, engine, sweep_id)
+        runs = sweep_runs(conn, sweep_id)
+        evals = _evaluation_frame(conn, int(sweep_id))
+        evaluation = _resolve_evaluation(evals, dataset, k, int(sweep_id))
+        correct: dict[EvalKey, list[int]] = {}
+        if evaluation is not None:
+            chosen = _scores(evals, *evaluation)
+            correct = _correct_counts(conn, *evaluation, _needed_counts(chosen))
+    rows = _ablation_rows(sweep, runs, evals, evaluation, correct)
+    return pd.DataFrame(rows, columns=ABLATION_COLUMNS)
