@@ -15,6 +15,16 @@ read-only directory), ConnectionError (server unreachable, login refused).
 `get_engine(url, read_only=True)` opens a store for reading only (`dapo table`): SQLite through
 a `mode=ro` URI, so that nothing is created, migrated or switched, even in a read-only
 directory.
+
+Hangs. A store that stops answering without refusing (a server behind a dead network path, a
+proxy that accepts and never forwards, a SQLite file locked by another connection) is bounded
+like one that refuses: PostgreSQL connections carry a connect timeout, TCP keepalives (a dead
+peer is noticed in about PG_KEEPALIVE_DEAD_S), a TCP user timeout and a server-side
+statement_timeout (PG_STATEMENT_TIMEOUT_S), unless the URL sets its own; a SQLite writer waits
+for the lock at most SQLITE_BUSY_TIMEOUT_S, and never longer than the outage budget.
+`get_engine(url, outage_s=T)` waits out a store that is down when it is opened for up to T
+seconds (db.store.Store passes its outage budget, so a restarted actor whose store is down
+waits like a write does), saying once on stderr that it waits.
 """
 
 from __future__ import annotations
@@ -22,29 +32,51 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import sqlalchemy as sa
 from platformdirs import user_data_dir
 from sqlalchemy import event
 from sqlalchemy.pool import StaticPool
 
+from dapo_common.util import first_line
 from db import migrate
-from db.errors import first_line
-from db.transactions import WRITE_OPTION
+from db.transactions import WRITE_OPTION, outage_budget, retrying
 
 ENV_VAR = "DAPO_DB_URL"
 APP_NAME = "dapo-lab"
 DEFAULT_FILE = "dapo.db"
 SUPPORTED = "sqlite:///path/to/dapo.db or postgresql+psycopg://user@host:5432/db"
 
-# A writer waits this long for SQLite's write lock before giving up (then db.transactions retries).
+# A writer waits this long for SQLite's write lock before giving up (then db.transactions retries);
+# never longer than the outage budget, so that a lock held forever is an outage, not a stall.
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # How long a PostgreSQL connection attempt may take before the store is called unreachable.
 PG_CONNECT_TIMEOUT_S = 10
+# A server-side bound on one statement: a statement stuck behind a lock or a hung client
+# transaction ends with an error (an outage to the callers, retried) instead of never.
+PG_STATEMENT_TIMEOUT_S = 60
+# TCP keepalives on every PostgreSQL connection: an idle connection to a peer that vanished
+# (host down, network cut without a reset) is found dead after idle + interval * count seconds,
+# and a sent packet left unacknowledged that long ends the connection (tcp_user_timeout).
+PG_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                 "keepalives_count": 3}  # fmt: skip
+PG_KEEPALIVE_DEAD_S = 25
+# Errors on opening that say "this will not work" rather than "not now": never waited out.
+_REFUSALS = (
+    "authentication failed",
+    "does not exist",
+    "could not translate host name",
+    "name or service not known",
+    "no pg_hba.conf entry",
+    "password",
+    "not a database",
+    "unable to open database file",
+)
 
 _ENGINES: dict[tuple[str, bool], sa.Engine] = {}
 _LOCK = threading.RLock()
@@ -72,13 +104,25 @@ def _with_driver(url: str) -> str:
 
 
 def safe_url(url: str | sa.URL) -> str:
-    """The URL with its password masked, fit for messages and pages."""
+    """The URL with its password masked, fit for messages and pages; a read-only engine's
+    `file:...?mode=ro` URI (see _read_only_url) reads as the store's own sqlite:/// URL, the
+    one the user gave."""
     if isinstance(url, sa.URL):
-        return url.render_as_string(hide_password=True)
+        return _plain_sqlite(url).render_as_string(hide_password=True)
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        return _plain_sqlite(sa.make_url(url)).render_as_string(hide_password=True)
     except Exception:  # unparseable: mask anything that looks like user:password@
         return re.sub(r"(//[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def _plain_sqlite(url: sa.URL) -> sa.URL:
+    """sqlite:///file:/p/x.db?mode=ro&uri=true -> sqlite:////p/x.db; any other URL as it is."""
+    database = url.database or ""
+    if url.get_backend_name() != "sqlite" or not database.startswith("file:"):
+        return url
+    if str(url.query.get("uri", "")).lower() != "true":
+        return url
+    return url.set(database=unquote(database[len("file:") :]), query={})
 
 
 def parse_url(url: str) -> sa.URL:
@@ -116,6 +160,9 @@ def create(url: str, *, read_only: bool = False, busy_timeout_s: float | None = 
     parsed = parse_url(_with_driver(url))
     if parsed.get_backend_name() == "sqlite":
         timeout = SQLITE_BUSY_TIMEOUT_S if busy_timeout_s is None else busy_timeout_s
+        # A lock held longer than the outage budget is an outage: the wait never exceeds it
+        # (with a floor, so that a budget of 0 still lets two writers take turns).
+        timeout = min(timeout, max(outage_budget(), 1.0))
         return _sqlite_engine(parsed, read_only=read_only, busy_timeout_s=timeout)
     return _postgres_engine(parsed, read_only=read_only)
 
@@ -215,6 +262,17 @@ def _postgres_engine(url: sa.URL, *, read_only: bool = False) -> sa.Engine:
     connect_args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    for name, value in PG_KEEPALIVES.items():
+        if name not in url.query:
+            connect_args[name] = value
+    if "tcp_user_timeout" not in url.query:
+        connect_args["tcp_user_timeout"] = PG_KEEPALIVE_DEAD_S * 1000
+    options = url.query.get("options", "")
+    options = " ".join(options) if isinstance(options, tuple) else str(options)
+    if "statement_timeout" not in options:
+        # libpq's `options` are the server's -c settings; the URL's own (a search_path) stay.
+        timeout_ms = PG_STATEMENT_TIMEOUT_S * 1000
+        connect_args["options"] = f"{options} -c statement_timeout={timeout_ms}".strip()
     # pre-ping: a worker that outlives a server restart reconnects instead of failing a step
     engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     if read_only:
@@ -241,11 +299,24 @@ def explain(error: Exception, url: str | sa.URL) -> Exception:
     return error
 
 
-def get_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
+def is_refusal(error: BaseException) -> bool:
+    """An error opening a store that waiting cannot cure (a wrong password, host or database
+    name, a file that is not a database): said at once, never waited out."""
+    orig = getattr(error, "orig", None) or error
+    text = str(orig).lower()
+    return any(phrase in text for phrase in _REFUSALS)
+
+
+def get_engine(
+    url: str | None = None, *, read_only: bool = False, outage_s: float = 0.0
+) -> sa.Engine:
     """The engine of the store at `url` (see resolve_url), cached per URL in this process.
 
     On first use the schema is checked and, for a fresh database, created (see the module
     docstring for the rules). `read_only`: check only, create and change nothing.
+    `outage_s`: how long a store that does not answer (refused or hung connection) is waited
+    for before the open fails; 0 (the default, for commands a user is watching) fails at once.
+    An error waiting cannot cure (is_refusal) is never waited out.
     """
     resolved = resolve_url(url)
     key = (resolved, read_only)
@@ -254,13 +325,37 @@ def get_engine(url: str | None = None, *, read_only: bool = False) -> sa.Engine:
         if engine is not None:
             return engine
         engine = create(resolved, read_only=read_only)
-        try:
+        where = safe_url(resolved)
+        said = False
+
+        def open_once() -> None:
             is_sqlite = engine.dialect.name == "sqlite"
-            migrate.ensure_schema(
-                engine, safe_url(resolved), upgrade_older=is_sqlite, read_only=read_only
-            )
+            migrate.ensure_schema(engine, where, upgrade_older=is_sqlite, read_only=read_only)
             if not read_only:
                 enable_wal(engine)
+                copied = migrate.bind_identity(engine)
+                if copied:
+                    print(f"the store {where}: {copied}", file=sys.stderr, flush=True)
+
+        def waiting(error: sa.exc.DBAPIError) -> bool:
+            nonlocal said
+            if is_refusal(error):
+                return False
+            if not said:
+                said = True
+                orig = getattr(error, "orig", None) or error
+                # stderr, not a logger: the one process that waits may be a Ray actor, whose
+                # stderr is what its driver shows.
+                print(
+                    f"the store {where} does not answer ({first_line(orig)}): waiting up to "
+                    f"{outage_s:g} s for it ($DAPO_STORE_OUTAGE_S)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return True
+
+        try:
+            retrying(open_once, outage_s=outage_s, on_outage=waiting)
         except Exception as error:
             engine.dispose()
             raise explain(error, resolved) from error

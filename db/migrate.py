@@ -6,6 +6,8 @@ migrations directory, so `dapo db upgrade` works from any working directory and 
 
 from __future__ import annotations
 
+import os
+import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from db.errors import SchemaMismatch
-from db.models import TABLES
+from db.models import STORE_IDENTITY, TABLES
 from db.transactions import write_transaction
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -215,4 +217,87 @@ def ensure_schema(
     raise SchemaMismatch(
         f"the store {where} is at schema revision {state.current!r}, older than this code's "
         f"{state.head!r}: run `dapo db upgrade`"
+    )
+
+
+# --- the store's identity, bound to where it lives --------------------------------------------
+
+
+def store_location(conn: sa.Connection) -> str | None:
+    """Where this store lives, as its identity is bound to it (None: nowhere that lasts, an
+    in-memory database). A copied file, a restored dump or a CREATE DATABASE ... TEMPLATE copy
+    each live elsewhere.
+
+    SQLite: `sqlite:<absolute path>`. PostgreSQL: `postgresql:<cluster>:<database OID>:<table
+    OID>:<database>/<schema>`, where the cluster is the server's system identifier when this
+    user may read it (else `?`, which matches any: two users of one store must not disagree
+    about where it is) and the table is store_identity (a restored dump creates it anew)."""
+    if conn.dialect.name == "sqlite":
+        rows = conn.exec_driver_sql("PRAGMA database_list").all()
+        path = next((str(row[2]) for row in rows if row[1] == "main"), "")
+        return f"sqlite:{Path(path).resolve()}" if path else None
+    cluster = "?"
+    readable = conn.execute(
+        sa.text("SELECT has_function_privilege('pg_control_system()', 'EXECUTE')")
+    ).scalar()
+    if readable:
+        cluster = str(
+            conn.execute(sa.text("SELECT system_identifier FROM pg_control_system()")).scalar()
+        )
+    oid, table, name, schema = conn.execute(
+        sa.text(
+            "SELECT d.oid, 'store_identity'::regclass::oid, d.datname, current_schema() "
+            "FROM pg_database d WHERE d.datname = current_database()"
+        )
+    ).one()
+    return f"postgresql:{cluster}:{oid}:{table}:{name}/{schema}"
+
+
+def same_place(bound: str, here: str) -> bool:
+    """Whether a store bound at `bound` and found at `here` is the same store where it was:
+    the same location, the same SQLite file by another path (a symlink, a bind mount), or the
+    same PostgreSQL database seen by a user who may not read the cluster's identifier."""
+    if bound == here:
+        return True
+    if bound.startswith("sqlite:") and here.startswith("sqlite:"):
+        try:
+            return os.path.samefile(bound[len("sqlite:") :], here[len("sqlite:") :])
+        except OSError:
+            return False
+    was, now = bound.split(":", 2), here.split(":", 2)
+    if len(was) < 3 or len(now) < 3 or was[0] != now[0]:
+        return False
+    clusters_agree = "?" in (was[1], now[1]) or was[1] == now[1]
+    return clusters_agree and was[2] == now[2]
+
+
+def bind_identity(engine: sa.Engine) -> str | None:
+    """Bind the store's id to its location on first use; when the store is found somewhere
+    else than its id was bound (it is a copy), draw it an id of its own, so that it names run
+    directories of its own and never resumes the original's checkpoints (whose metrics it may
+    not hold). Returns a line saying so when it re-identified the store, else None.
+
+    Under the write lock, and conditional on the row read: of several processes opening one
+    copy at once, one draws the new id and the others find it bound."""
+    table = STORE_IDENTITY
+    query = sa.select(table.c.store_id, table.c.location).where(table.c.id == 1)
+    with engine.connect() as conn:  # read first: a bound store takes no write lock
+        here = store_location(conn)
+        row = conn.execute(query).first()
+    if here is None or row is None or (row.location and same_place(row.location, here)):
+        return None
+    with write_transaction(engine) as conn:
+        row = conn.execute(query).first()
+        if row is None or row.location == here:
+            return None  # bound meanwhile by another process
+        if row.location is None:
+            conn.execute(sa.update(table).where(table.c.id == 1).values(location=here))
+            return None
+        if same_place(row.location, here):
+            return None  # the same store, seen another way: its binding stays as it was
+        new_id = str(uuid.uuid4())
+        conn.execute(sa.update(table).where(table.c.id == 1).values(store_id=new_id, location=here))
+    return (
+        f"this store is a copy of store {row.store_id} (bound to {row.location}; found at "
+        f"{here}): it is now store {new_id}, and never resumes the original's run directories"
     )

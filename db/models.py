@@ -39,7 +39,9 @@ STATUS_PRIORITY = ("running", "failed", "interrupted", "cancelled", "pending", "
 INTERRUPTED = "interrupted"
 # A training driver touches its run row every flows.arm.WALL_EVERY_S (10 s, its wall time, on
 # a clock of its own, not per step); ten minutes without it outlast any store outage the
-# sinks wait out (OUTAGE_S) and any clock skew between machines worth having.
+# sinks wait out (OUTAGE_S) and any clock skew between machines worth having. It is also how
+# long the driver's lease on its attempt (runs.lease_*, db.store.live_lease) outlives its last
+# heartbeat before another process may take the arm over.
 RUN_LEASE_S = 600.0
 
 
@@ -150,6 +152,12 @@ class Run(Base):
     tries: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     # The newer attempt of the same (arm, seed) that took over from this unfinished one.
     superseded_by: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    # The lease (migration 0004): the process that claimed this attempt and trains it, and
+    # since when; its heartbeat is `updated_at`. Cleared when the attempt ends (see
+    # db.store.Store.resume_attempt); NULL on rows that never held one (before 0004).
+    lease_host: Mapped[str | None] = mapped_column(sa.String(255), nullable=True)
+    lease_pid: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    lease_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -250,6 +258,9 @@ class StoreIdentity(Base):
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     store_id: Mapped[str] = mapped_column(sa.String(36))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Where the id was bound (migration 0003, db.migrate.bind_identity): a store found
+    # elsewhere is a copy and draws an id of its own.
+    location: Mapped[str | None] = mapped_column(sa.String(1000), nullable=True)
 
     __table_args__ = (sa.CheckConstraint("id = 1", name="one_row"),)
 

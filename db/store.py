@@ -10,17 +10,23 @@ the call fails with one line naming the store (db.errors.StoreUnavailable).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from dapo_common.util import first_line
 from db import engine as db_engine
-from db.errors import NotFound, StoreUnavailable, first_line
+from db.errors import NotFound, StoreUnavailable
 from db.models import (
     EVALUATIONS,
     METRICS,
+    RUN_LEASE_S,
     RUN_STATUSES,
     RUNS,
     SAMPLES,
@@ -83,18 +89,175 @@ def sweep_status_of(
     return status, f"{len(bad)} of {len(cells)} arm runs {status}: {', '.join(bad[:3])}{more}"
 
 
+def _run_values(caller: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """update_run's fields as column values (typed; a terminal status stamps finished_at and
+    releases the lease), with updated_at (the heartbeat) set to now."""
+    unknown = sorted(set(fields) - set(RUN_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"{caller}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(RUN_FIELDS)}"
+        )
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        if value is None:
+            values[name] = None
+        elif RUN_FIELDS[name] is str:
+            values[name] = text(value)
+        else:
+            values[name] = RUN_FIELDS[name](value)
+    status = values.get("status", "unchanged")
+    if "status" in fields:
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}")
+        values["finished_at"] = utcnow() if status in TERMINAL_STATUSES else None
+        if status in TERMINAL_STATUSES:
+            values.update(_RELEASED)  # an attempt that ended holds no lease
+        if status == "completed" and "error" not in fields:
+            # A try lost on the way (ActorLost, then a retry that finished) left its line
+            # in `error`; a completed run shows none.
+            values["error"] = None
+    values["updated_at"] = utcnow()
+    return values
+
+
+def _missing(conn: sa.Connection, run_id: int) -> bool:
+    """Whether runs has no row `run_id` (an UPDATE that matched nothing: gone, or fenced off)."""
+    return conn.execute(sa.select(RUNS.c.id).where(RUNS.c.id == int(run_id))).first() is None
+
+
+# --- the lease on an attempt ----------------------------------------------------------------
+# One process trains an attempt of (sweep, arm, seed) at a time: the one that claimed it
+# (Store.resume_attempt), recorded on the attempt's row as its lease (host, pid, since). Its
+# heartbeat is the row's updated_at, written every flows.arm.WALL_EVERY_S while it trains (the
+# same clock the read side uses to show a dead driver as "interrupted"). A lease is free once
+# the attempt ends (any terminal status clears it), once its heartbeat is older than
+# RUN_LEASE_S, or once its process is gone from this very machine (a SIGKILLed `dapo arm` or
+# served flow run: no need to wait ten minutes when the pid says so).
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that may hold a lease: the host it runs on and its pid."""
+
+    host: str
+    pid: int
+
+    @classmethod
+    def here(cls) -> Holder:
+        return cls(socket.gethostname(), os.getpid())
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A live lease on the newest attempt of an (arm, seed): who holds it and since when."""
+
+    run_id: int
+    attempt: int
+    host: str
+    pid: int | None
+    since: datetime
+    beat: datetime  # the holder's last heartbeat (the row's updated_at)
+
+    def line(self, label: str) -> str:
+        """One line saying who holds it (a second command's answer)."""
+        age = max(0.0, (utcnow() - self.beat).total_seconds())
+        pid = f" pid {self.pid}" if self.pid is not None else ""
+        return (
+            f"{label} is held by run {self.run_id} (attempt {self.attempt}): {self.host}{pid} "
+            f"since {self.since:%Y-%m-%d %H:%M:%S} UTC, heartbeat {age:.0f} s ago; wait for it "
+            f"or cancel it (a lease without a heartbeat for {RUN_LEASE_S:g} s is taken over)"
+        )
+
+
+class RunHeld(ValueError):
+    """Another live process holds the arm's newest attempt (a user's mistake: one line, exit
+    2). `lease` says who."""
+
+    def __init__(self, message: str, lease: Lease) -> None:
+        super().__init__(message)
+        self.lease = lease
+
+
+class AttemptChanged(ValueError):
+    """The newest attempt is no longer the one a plan was made on (another command started or
+    ended one meanwhile): plan again."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What Store.resume_attempt claimed: a new attempt, held by the caller, and what it
+    continues (the older attempt it resumed or took over, its wall time and tries)."""
+
+    run_id: int
+    attempt: int
+    checkpoint_dir: str
+    superseded: int | None
+    wall_s: float | None
+    tries: int | None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def live_lease(row: Any, now: datetime, holder: Holder | None = None) -> Lease | None:
+    """The lease on a runs row when it is live (held, beating, its process not known to be
+    gone), else None: the row may be taken over. `holder` is this process (default: here)."""
+    if row is None or row.status != "running" or row.lease_at is None:
+        return None
+    if row.updated_at < now - timedelta(seconds=RUN_LEASE_S):
+        return None  # stale: its driver stopped beating
+    here = holder or Holder.here()
+    same_host = row.lease_host == here.host and row.lease_pid not in (None, here.pid)
+    if same_host and not _pid_alive(int(row.lease_pid)):
+        return None  # its process is gone from this machine
+    return Lease(
+        run_id=int(row.id),
+        attempt=int(row.attempt),
+        host=str(row.lease_host),
+        pid=None if row.lease_pid is None else int(row.lease_pid),
+        since=row.lease_at,
+        beat=row.updated_at,
+    )
+
+
+class _Raced(Exception):
+    """The older attempt changed between the claim's read and its takeover (retried)."""
+
+
+# The values that release a lease (an attempt that ends holds nothing).
+_RELEASED = {"lease_host": None, "lease_pid": None, "lease_at": None}
+
+
 class Store:
     """The store at `url` (default: $DAPO_DB_URL, else the local SQLite file).
 
     `outage_s`: how long a call waits out an unreachable store before it fails (default
-    $DAPO_STORE_OUTAGE_S, else db.transactions.OUTAGE_S).
+    $DAPO_STORE_OUTAGE_S, else db.transactions.OUTAGE_S). `open_wait_s`: how long opening it
+    waits (default: `outage_s`; 0 for commands a user is watching).
     """
 
-    def __init__(self, url: str | None = None, *, outage_s: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        outage_s: float | None = None,
+        open_wait_s: float | None = None,
+    ) -> None:
         self.url = db_engine.resolve_url(url)
-        self.engine = db_engine.get_engine(self.url)
-        self.where = db_engine.safe_url(self.url)
         self.outage_s = outage_budget() if outage_s is None else float(outage_s)
+        # Opening waits out an outage like every write does (default: the outage budget), so a
+        # restarted actor opens its store; a command a user is watching passes open_wait_s=0,
+        # because before its first row exists a mistyped or stopped store is a user's mistake.
+        wait = self.outage_s if open_wait_s is None else float(open_wait_s)
+        self.engine = db_engine.get_engine(self.url, outage_s=wait)
+        self.where = db_engine.safe_url(self.url)
         self._store_id: str | None = None
 
     def __repr__(self) -> str:
@@ -348,34 +511,35 @@ class Store:
     def update_run(self, run_id: int, *, outage_s: float | None = None, **fields: Any) -> None:
         """Set some of: status, error, steps, grad_updates, tokens, wall_s, tries,
         checkpoint_dir, flow_run_id, host. A terminal status (completed, failed, cancelled)
-        stamps finished_at; "running" clears it; "completed" clears the error unless one is
-        given. `outage_s`: this call's outage budget."""
-        unknown = sorted(set(fields) - set(RUN_FIELDS))
-        if unknown:
+        stamps finished_at and releases the attempt's lease; "running" clears finished_at;
+        "completed" clears the error unless one is given. `outage_s`: this call's outage
+        budget."""
+        self._update(RUNS, run_id, _run_values("update_run", fields), "run", outage_s=outage_s)
+
+    def end_attempt(
+        self, run_id: int, status: str, *, outage_s: float | None = None, **fields: Any
+    ) -> bool:
+        """End the attempt this process holds: a terminal `status` with some of update_run's
+        fields, its lease released. Returns False, writing nothing, when a newer attempt took
+        it over meanwhile (the row then keeps the record of that takeover)."""
+        if status not in TERMINAL_STATUSES:
             raise ValueError(
-                f"update_run: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(RUN_FIELDS)}"
+                f"end_attempt: {status!r} is not one of {', '.join(TERMINAL_STATUSES)}"
             )
-        values: dict[str, Any] = {}
-        for name, value in fields.items():
-            if value is None:
-                values[name] = None
-            elif RUN_FIELDS[name] is str:
-                values[name] = text(value)
-            else:
-                values[name] = RUN_FIELDS[name](value)
-        status = values.get("status", "unchanged")
-        if "status" in fields:
-            if status not in RUN_STATUSES:
-                raise ValueError(
-                    f"run status must be one of {', '.join(RUN_STATUSES)}, got {status!r}"
+        values = _run_values("end_attempt", {**fields, "status": status})
+
+        def work() -> int:
+            with write_transaction(self.engine) as conn:
+                result = conn.execute(
+                    sa.update(RUNS)
+                    .where(RUNS.c.id == int(run_id), RUNS.c.superseded_by.is_(None))
+                    .values(**values)
                 )
-            values["finished_at"] = utcnow() if status in TERMINAL_STATUSES else None
-            if status == "completed" and "error" not in fields:
-                # A try lost on the way (ActorLost, then a retry that finished) left its line
-                # in `error`; a completed run shows none.
-                values["error"] = None
-        values["updated_at"] = utcnow()
-        self._update(RUNS, run_id, values, "run", outage_s=outage_s)
+                if result.rowcount == 0 and _missing(conn, run_id):
+                    raise NotFound(f"no run with id {run_id} in {self.where}")
+                return int(result.rowcount)
+
+        return self._retry(work, outage_s=outage_s) > 0
 
     def supersede(self, run_id: int, by: int, why: str) -> bool:
         """Record that the newer attempt `by` took over from attempt `run_id` (superseded_by);
@@ -424,10 +588,25 @@ class Store:
 
         return self._retry(work)
 
-    def set_wall(self, run_id: int, seconds: float, *, outage_s: float | None = None) -> None:
-        """The attempt's wall time so far: its earlier tries plus the current one."""
+    def set_wall(self, run_id: int, seconds: float, *, outage_s: float | None = None) -> bool:
+        """The attempt's wall time so far (its earlier tries plus the current one), written
+        with its heartbeat (updated_at). Returns False, writing nothing, when a newer attempt
+        has taken the run over (its lease went stale and another process claimed the arm):
+        the caller no longer holds it and must stop training."""
         values = {"wall_s": float(seconds), "updated_at": utcnow()}
-        self._update(RUNS, run_id, values, "run", outage_s=outage_s)
+
+        def work() -> int:
+            with write_transaction(self.engine) as conn:
+                result = conn.execute(
+                    sa.update(RUNS)
+                    .where(RUNS.c.id == int(run_id), RUNS.c.superseded_by.is_(None))
+                    .values(**values)
+                )
+                if result.rowcount == 0 and _missing(conn, run_id):
+                    raise NotFound(f"no run with id {run_id} in {self.where}")
+                return int(result.rowcount)
+
+        return self._retry(work, outage_s=outage_s) > 0
 
     def get_run(self, run_id: int) -> dict[str, Any]:
         """The run as a dict (id/run_id, sweep_id, arm, seed, attempt, status, config, ...)."""
@@ -466,15 +645,173 @@ class Store:
         row = self._read(lambda conn: conn.execute(query).first())
         return None if row is None else row_dict(row, runs, "run_id")
 
+    def lease_of(self, sweep_id: int, arm: str, seed: int) -> Lease | None:
+        """The live lease on the newest attempt of (sweep, arm, seed), or None when it is free
+        (see live_lease): what a second command asks before anything is written."""
+        row = self._read(lambda conn: conn.execute(self._newest(sweep_id, arm, seed)).first())
+        return live_lease(row, utcnow())
+
+    def resume_attempt(
+        self,
+        *,
+        sweep_id: int,
+        arm: str,
+        seed: int,
+        config: Mapping[str, Any],
+        config_hash: str,
+        after: int | None,
+        resume_step: int | None,
+        checkpoint_dir: str | Callable[[int], str],
+        flow_run_id: str | None = None,
+        label: str | None = None,
+        holder: Holder | None = None,
+    ) -> Attempt:
+        """Claim (sweep, arm, seed) for this process and open its new attempt, in one
+        transaction: the lease check, the new attempt (status running, its lease held by
+        `holder`, default this process), the older attempt taken over, and what the new one
+        carries on from it.
+
+        `after` is the run id of the newest attempt the caller planned on (None: none yet).
+        With `resume_step`, the new attempt resumes that attempt from its checkpoint at this
+        step: its curve up to the step is copied in, its wall time and tries carried on, and
+        it is marked superseded. Without, the new attempt starts over (an older one still
+        "running" is superseded). `checkpoint_dir` is the new attempt's run directory, or a
+        function of its run id.
+
+        Raises RunHeld (one line naming the holder) when a live process holds the newest
+        attempt, AttemptChanged when the newest attempt is no longer `after`. Atomic on both
+        backends: the new attempt's number is unique per (sweep, arm, seed), so of two claims
+        at once one fails on the key and, read again, finds the other's lease; the older
+        attempt is taken over by a conditional UPDATE on its heartbeat, so a holder that beat
+        since it was read (alive after all) keeps it.
+        """
+        me = holder or Holder.here()
+        what = f"{label or f'{arm} s{seed}'} of sweep {sweep_id}"
+        runs = RUNS
+
+        def work() -> Attempt:
+            now = utcnow()
+            with write_transaction(self.engine) as conn:
+                if (
+                    conn.execute(sa.select(SWEEPS.c.id).where(SWEEPS.c.id == int(sweep_id))).first()
+                    is None
+                ):
+                    raise NotFound(f"no sweep with id {sweep_id} in {self.where}")
+                latest = conn.execute(self._newest(sweep_id, arm, seed)).first()
+                lease = live_lease(latest, now, me)
+                if lease is not None:
+                    raise RunHeld(lease.line(what), lease)
+                latest_id = None if latest is None else int(latest.id)
+                if latest_id != after:
+                    raise AttemptChanged(
+                        f"{what}: its newest attempt is run {latest_id}, not run {after} (another "
+                        "command started or ended one meanwhile): run it again"
+                    )
+                carried = latest if resume_step is not None else None
+                if resume_step is not None and carried is None:
+                    raise ValueError(f"{what}: no attempt to resume")
+                values = {
+                    "sweep_id": int(sweep_id),
+                    "arm": str(arm),
+                    "seed": int(seed),
+                    "attempt": (0 if latest is None else int(latest.attempt)) + 1,
+                    "status": "running",
+                    "config": jsonable(dict(config)),
+                    "config_hash": str(config_hash),
+                    "host": me.host,
+                    "flow_run_id": flow_run_id,
+                    "checkpoint_dir": checkpoint_dir if isinstance(checkpoint_dir, str) else None,
+                    # The resumed curve's time so far belongs to this attempt too.
+                    "wall_s": None if carried is None else carried.wall_s,
+                    "tries": None if carried is None else carried.tries,
+                    "lease_host": me.host,
+                    "lease_pid": me.pid,
+                    "lease_at": now,
+                    "started_at": now,
+                    "updated_at": now,
+                }
+                inserted = conn.execute(sa.insert(runs).values(**values))
+                run_id = int(inserted.inserted_primary_key[0])  # type: ignore[index]
+                out_dir = (
+                    checkpoint_dir if isinstance(checkpoint_dir, str) else checkpoint_dir(run_id)
+                )
+                if not isinstance(checkpoint_dir, str):
+                    conn.execute(
+                        sa.update(runs).where(runs.c.id == run_id).values(checkpoint_dir=out_dir)
+                    )
+                taken_over = latest is not None and (
+                    carried is not None or latest.status == "running"
+                )
+                if taken_over:
+                    assert latest is not None
+                    why = "it resumed this attempt's checkpoint" if carried else "it started over"
+                    taken: dict[str, Any] = {"superseded_by": run_id, "updated_at": now}
+                    if latest.status == "running":  # its driver died, or stopped beating
+                        taken.update(
+                            status=SUPERSEDED,
+                            error=text(f"superseded by run {run_id}: {why}"),
+                            finished_at=now,
+                            **_RELEASED,
+                        )
+                    took = conn.execute(
+                        sa.update(runs)
+                        .where(runs.c.id == latest_id, runs.c.updated_at == latest.updated_at)
+                        .values(**taken)
+                    )
+                    if took.rowcount != 1:
+                        raise _Raced()  # it beat (or ended) since it was read: read it again
+                if carried is not None:
+                    assert resume_step is not None and latest_id is not None
+                    self._copy_history(conn, latest_id, run_id, int(resume_step))
+                return Attempt(
+                    run_id=run_id,
+                    attempt=int(values["attempt"]),
+                    checkpoint_dir=out_dir,
+                    superseded=latest_id if taken_over else None,
+                    wall_s=values["wall_s"],
+                    tries=values["tries"],
+                )
+
+        for _ in range(20):
+            try:
+                # Not retried through an outage (see create_sweep): a COMMIT lost on the way
+                # would make the retry find its own lease.
+                return self._retry(work, outage_s=0.0)
+            except sa.exc.IntegrityError as error:
+                if not _unique_violation(error):
+                    raise
+            except _Raced:
+                continue
+        raise RuntimeError(f"could not claim {what} (contention)")
+
+    def _newest(self, sweep_id: int, arm: str, seed: int) -> sa.Select[Any]:
+        """The newest attempt of (sweep, arm, seed), the whole row."""
+        return (
+            sa.select(RUNS)
+            .where(
+                RUNS.c.sweep_id == int(sweep_id), RUNS.c.arm == str(arm), RUNS.c.seed == int(seed)
+            )
+            .order_by(RUNS.c.attempt.desc())
+            .limit(1)
+        )
+
     def copy_history(self, from_run: int, to_run: int, up_to_step: int) -> None:
         """Copy metrics, samples and evaluations with step <= up_to_step from one attempt to
         another (a rerun resuming an older attempt's checkpoint keeps the whole curve). Rows
         the target already has are kept: its own numbers win."""
         self.get_run(from_run)
         self.get_run(to_run)
-        up_to, source, target = int(up_to_step), int(from_run), int(to_run)
 
-        def copy(conn: sa.Connection, table: sa.Table, keys: list[str]) -> None:
+        def work() -> None:
+            with write_transaction(self.engine) as conn:
+                self._copy_history(conn, int(from_run), int(to_run), int(up_to_step))
+
+        self._retry(work)
+
+    def _copy_history(self, conn: sa.Connection, source: int, target: int, up_to: int) -> None:
+        """copy_history inside the caller's transaction."""
+
+        def copy(table: sa.Table, keys: list[str]) -> None:
             columns = [c.name for c in table.columns]
             picked = [
                 sa.literal(target, sa.Integer).label("run_id") if c == "run_id" else table.c[c]
@@ -484,13 +821,9 @@ class Store:
             stmt = upsert(self.engine, table).from_select(columns, query)
             conn.execute(stmt.on_conflict_do_nothing(index_elements=keys))
 
-        def work() -> None:
-            with write_transaction(self.engine) as conn:
-                copy(conn, METRICS, ["run_id", "name", "step"])
-                copy(conn, EVALUATIONS, ["run_id", "dataset", "k", "step"])
-                copy(conn, SAMPLES, ["run_id", "step", "idx"])
-
-        self._retry(work)
+        copy(METRICS, ["run_id", "name", "step"])
+        copy(EVALUATIONS, ["run_id", "dataset", "k", "step"])
+        copy(SAMPLES, ["run_id", "step", "idx"])
 
     def sink(self, run_id: int, *, spill_dir: str | Path | None = None) -> SqlSink:
         """The metrics sink of one run (see db.sink.SqlSink); `spill_dir` (the run directory)

@@ -99,10 +99,17 @@ def outage_wait(failures: int) -> float:
     return min(OUTAGE_LONGEST_WAIT_S, OUTAGE_FIRST_WAIT_S * 2 ** max(0, failures - 1))
 
 
-def retrying(work: Callable[[], T], *, retries: int = _RETRIES, outage_s: float = 0.0) -> T:
+def retrying(
+    work: Callable[[], T],
+    *,
+    retries: int = _RETRIES,
+    outage_s: float = 0.0,
+    on_outage: Callable[[sa.exc.DBAPIError], bool] | None = None,
+) -> T:
     """Run `work` (one whole transaction), again after a short random back-off when it fails
     with a transient error, and, for up to `outage_s` seconds, after an outage (see
-    is_outage); other errors, and the last transient or outage one, propagate."""
+    is_outage); other errors, and the last transient or outage one, propagate.
+    `on_outage(error)` is asked before each wait: False propagates the error at once."""
     attempt = outages = 0
     outage_since: float | None = None
     while True:
@@ -115,6 +122,8 @@ def retrying(work: Callable[[], T], *, retries: int = _RETRIES, outage_s: float 
                 time.sleep(min(2.0, 0.01 * 2 ** (attempt - 1)) * (0.5 + random.random()))
                 continue
             if not (outage_s > 0 and is_outage(error)):
+                raise
+            if on_outage is not None and not on_outage(error):
                 raise
             now = time.monotonic()
             outage_since = now if outage_since is None else outage_since

@@ -9,6 +9,14 @@ unfinished one that a new attempt starts over from scratch). An actor that dies 
 (killed, node lost) is replaced by the task's retry, which resumes from the run's last
 checkpoint inside the same attempt; the store's upsert keeps every (step, metric) once.
 
+One process at a time: the new attempt is claimed in one store transaction
+(db.store.Store.resume_attempt) that takes a lease on it for this process (host, pid, since
+when). A second flow run or `dapo arm` of the same (arm, seed) while the lease is live fails
+with one line naming its holder, before it writes anything; a lease whose heartbeat is older
+than db.models.RUN_LEASE_S, or whose process is gone from this machine, is taken over. The
+lease is released when the attempt ends; a driver whose lease was taken over meanwhile (it
+stopped beating for ten minutes) stops its actors at its next heartbeat.
+
 Where it ran: as soon as a try's actors are placed, the run's `host` says where, by host, Ray
 node (id and address) and rank, e.g. `gpu-7 (node 1a2b3c4d@10.0.0.5: rank 0; node
 5e6f7a8b@10.0.0.6: rank 1)` (cluster.describe): on one machine every node has the same host
@@ -17,18 +25,17 @@ A try lost with its actor (a node died) leaves its one line in the run's `error`
 task retries; the final outcome replaces it (a completed run keeps no error).
 
 Wall time: an attempt's `wall_s` is the sum over its tries (each actor that trained it, and the
-tries of the attempt it resumed), `tries` counts them. It is written every WALL_EVERY_S on a
-clock of its own, and is the run row's heartbeat: a run nobody has touched for
-db.models.RUN_LEASE_S reads "interrupted". When an arm finishes, its sweep's status
-is recomputed from its runs, so a sweep whose driver died does not stay "running".
+tries of the attempt it resumed) of their training time, less the time their store sink spent
+waiting on a store that was down (db.sink.SqlSink.waited_s); `tries` counts them. It is
+written every WALL_EVERY_S on a clock of its own, and is the run row's heartbeat: the lease's,
+and a run nobody has touched for RUN_LEASE_S reads "interrupted". When an arm finishes, its
+sweep's status is recomputed from its runs, so a sweep whose driver died does not stay
+"running".
 """
 
 from __future__ import annotations
 
-import contextvars
-import socket
-import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,24 +43,18 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 
+from dapo_common.util import first_line
 from dapo_core.train.run_dir import check_resumable_dir, latest_step
-from db.store import Store
-from flows import checks, cluster, plan, progress, ray_worker
-from flows.params import ArmParams, Resources, takes, validate
+from db.sink import check_every_step, resumable_step
+from db.store import Attempt, RunHeld, Store
+from flows import checks, cluster, plan, progress, ray_jobs, ray_worker
+from flows.heartbeat import BOOKKEEPING_OUTAGE_S, TryClock, unwritten_wall
+from flows.params import ArmParams, Resources, SweepParams, takes, validate
 from flows.publish import publish_sweep
 
 FLOW_NAME = "ablation-arm"
 DEPLOYMENT_NAME = "dapo-arm"
 TRAIN_RETRIES = 2
-# The attempt's wall time is written this often while it trains (whatever the steps do), so a
-# driver that dies loses at most this much of it; it is also the run's heartbeat.
-WALL_EVERY_S = 10.0
-# Bookkeeping after a failure waits this long for an unreachable store (the failure itself
-# is already the answer; the outage budget was spent by whatever failed first).
-BOOKKEEPING_OUTAGE_S = 5.0
-# The wall time of a try that the store did not take (it was down when the try ended), by run:
-# the task's retry, in this process, starts from it (else the first try's time was lost).
-_UNWRITTEN_WALL: dict[int, float] = {}
 
 
 def _actor_died(task: Any, task_run: Any, state: Any) -> bool:
@@ -88,77 +89,38 @@ def train_in_ray(
     if step is not None:
         progress.say(f"{label}  resuming from the checkpoint at step {step} in {out_dir}")
     store = Store(store_url)
-    # An earlier try in this process whose last writes met a store outage knows more of the
-    # attempt's time than the store does.
-    before = max(store.begin_try(run_id), _UNWRITTEN_WALL.pop(run_id, 0.0))
-    t0 = time.monotonic()
-
-    def write_wall(*, outage_s: float) -> float:
-        wall = before + time.monotonic() - t0
-        try:
-            store.set_wall(run_id, wall, outage_s=outage_s)
-            _UNWRITTEN_WALL.pop(run_id, None)
-        except Exception as exc:  # the time is bookkeeping: never fail training for it
-            _UNWRITTEN_WALL[run_id] = wall
-            progress.say(f"{label}  could not record the wall time: {plan.first_line(exc)}")
-        return wall
 
     def on_progress(update: dict[str, Any]) -> None:
+        clock.waited(update.get("store_wait_s"))
         progress.say(progress.step_line(label, update))
-
-    # The wall time doubles as the run's heartbeat (db.models.RUN_LEASE_S): written on a clock
-    # of its own, so that a long step, evaluation or placement never reads as a dead driver.
-    stop = threading.Event()
-
-    def heartbeat() -> None:
-        while not stop.wait(WALL_EVERY_S):
-            write_wall(outage_s=0.0)
-
-    # In a copy of this task's context, so that what it says goes to the task's Prefect log.
-    beat = threading.Thread(
-        target=contextvars.copy_context().run,
-        args=(heartbeat,),
-        name=f"heartbeat-run{run_id}",
-        daemon=True,
-    )
-    beat.start()
 
     def on_placed(places: list[dict[str, Any]]) -> None:
         where = cluster.describe(places)
         progress.say(f"{label}  run {run_id} placed: {where}")
         _bookkeeping(lambda: store.update_run(run_id, host=where, outage_s=0.0))
 
-    try:
-        result = ray_worker.run_training(
-            run_id=run_id,
-            config=config,
-            store_url=store_url,
-            out_dir=out_dir,
-            owner=owner,
-            resources=Resources.model_validate(resources),
-            on_progress=on_progress,
-            on_placed=on_placed,
-        )
-    except ray_worker.ActorLost as exc:
-        # The try is lost, not the attempt: say why in the run's error while the task retries
-        # (a last failure's own error replaces it, see run_arm).
-        line = plan.first_line(exc)
-        progress.say(f"{label}  run {run_id}: {line}", level="warning")
-        _bookkeeping(lambda: store.update_run(run_id, error=line, outage_s=0.0))
-        raise
-    finally:
-        stop.set()
-        beat.join(timeout=WALL_EVERY_S)  # a write stuck on a hung store must not hold us
-        write_wall(outage_s=BOOKKEEPING_OUTAGE_S)
+    with TryClock(store, run_id, label) as clock:
+        try:
+            result = ray_worker.run_training(
+                run_id=run_id,
+                config=config,
+                store_url=store_url,
+                out_dir=out_dir,
+                owner=owner,
+                resources=Resources.model_validate(resources),
+                on_progress=on_progress,
+                on_placed=on_placed,
+                cancel=clock.lost,
+            )
+        except ray_worker.ActorLost as exc:
+            # The try is lost, not the attempt: say why in the run's error while the task
+            # retries (a last failure's own error replaces it, see run_arm).
+            line = first_line(exc, with_type=True)
+            progress.say(f"{label}  run {run_id}: {line}", level="warning")
+            _bookkeeping(lambda: store.update_run(run_id, error=line, outage_s=0.0))
+            raise
+        clock.waited(result.get("store_wait_s"))
     return result
-
-
-def resources_text(resources: Resources) -> str:
-    """`1 CPU`, `2 workers × (1 CPU, 1 GPU), SPREAD`."""
-    each = f"{resources.cpus:g} CPU" + (f", {resources.gpus:g} GPU" if resources.gpus else "")
-    if resources.workers == 1:
-        return each
-    return f"{resources.workers} workers × ({each}), {resources.placement}"
 
 
 def current_flow_run_id() -> str | None:
@@ -166,10 +128,69 @@ def current_flow_run_id() -> str | None:
     return str(ctx.flow_run.id) if ctx and ctx.flow_run else None
 
 
+@dataclass(frozen=True)
+class ArmPlan:
+    """What a flow run of one (arm, seed) is to do, decided before anything is written."""
+
+    label: str
+    job: plan.ArmJob
+    sweep: SweepParams  # the sweep's parameters, widened by `extend`
+    extended: bool
+    resources: Resources
+    nodes: list[dict[str, Any]]  # the cluster's live nodes
+    latest: dict[str, Any] | None  # the newest attempt, as the decision saw it
+    decision: plan.ArmDecision
+    owner: dict[str, Any]  # who may use the run directory (plan.run_owner)
+
+
 def run_arm(p: ArmParams) -> dict[str, Any]:
     """The arm flow's work; returns {label, status, run_id, error?, ...}."""
     store = Store(p.store_url)
-    url = store.url
+    arm = plan_arm(store, p)
+    if arm.decision.action == "skip":
+        progress.say(f"{arm.label}  skipped: {arm.decision.reason} (force to retrain)")
+        return {
+            "label": arm.label,
+            "status": "skipped",
+            "run_id": arm.decision.run_id,
+            "reason": arm.decision.reason,
+        }
+
+    # --- the first write: the lease and the new attempt, one transaction ---
+    attempt = claim_arm(store, p, arm)
+    try:
+        start_arm(store, p, arm, attempt)
+        if (p.submit or arm.sweep.submit) == ray_jobs.RAY_JOBS:  # a Ray job, not an actor
+            result = ray_jobs.train_in_job(
+                store,
+                run_id=attempt.run_id,
+                label=arm.label,
+                owner=arm.owner,
+                resources=arm.resources,
+                ray_address=p.ray_address or arm.sweep.ray_address,
+            )
+        else:
+            result = train_in_ray(
+                attempt.run_id,
+                arm.label,
+                arm.job.config,
+                store.url,
+                attempt.checkpoint_dir,
+                arm.owner,
+                arm.resources.model_dump(),
+            )
+        # Never "completed" with a hole in its curve (steps an outage took with a dead actor).
+        check_every_step(store.engine, attempt.run_id, int(result["steps"]), where=store.where)
+    except BaseException as exc:
+        _record_failure(store, p, arm.label, attempt.run_id, exc)
+        raise
+    return finish_arm(store, p, arm.label, attempt.run_id, result)
+
+
+def plan_arm(store: Store, p: ArmParams) -> ArmPlan:
+    """Every check and the decision (skip, resume, start over), nothing written: the arm is
+    in the sweep (or `extend`), its config and data work, it fits on the cluster, no live
+    process holds it, and a directory it would resume is its own."""
     sweep = store.get_sweep(p.sweep_id)
     sweep_params = checks.arm_in_sweep(sweep, p.arm, p.seed, extend=p.extend)
     extended = sweep_params.arms != list(sweep["arms"]) or sweep_params.seeds != list(
@@ -178,131 +199,131 @@ def run_arm(p: ArmParams) -> dict[str, Any]:
     job = plan.arm_job(sweep_params, p.arm, p.seed)
     checks.check_inputs([job.config])
     resources = p.resources or sweep_params.resources
-    totals = ray_worker.connect(p.ray_address or sweep_params.ray_address)
-    plan.check_fits(totals, resources)
-    nodes = cluster.check_placement(resources, [job.config])
-    label = f"{job.label}"
+    nodes = ray_worker.place_arm(p.ray_address or sweep_params.ray_address, resources, [job.config])
 
     latest = store.latest_attempt(p.sweep_id, p.arm, p.seed)
-    completed = store.completed_run(p.sweep_id, p.arm, p.seed, job.config_hash)
     decision = plan.decide_arm(
         config_hash=job.config_hash,
         force=p.force,
-        completed_run_id=completed,
+        completed_run_id=store.completed_run(p.sweep_id, p.arm, p.seed, job.config_hash),
         latest=latest,
-        latest_checkpoint_step=latest_step(latest.get("checkpoint_dir")) if latest else None,
-    )
-    if decision.action == "skip":
-        progress.say(f"{label}  skipped: {decision.reason} (force to retrain)")
-        return {
-            "label": label,
-            "status": "skipped",
-            "run_id": decision.run_id,
-            "reason": decision.reason,
-        }
-    if (
-        latest
-        and latest.get("status") == "running"
-        and ray_worker.actor_alive(int(latest["run_id"]))
-    ):
-        raise ValueError(
-            f"{label} of sweep {p.sweep_id} is still training as run {latest['run_id']}: "
-            "wait for it or cancel its flow run"
+        latest_checkpoint_step=resumable_step(
+            store.engine, int(latest["run_id"]), latest_step(latest.get("checkpoint_dir"))
         )
-
+        if latest
+        else None,
+    )
     owner = plan.run_owner(store.store_id, p.sweep_id, job)
+    if decision.action != "skip":
+        # Asked here so that a second command writes nothing (not even --extend); the claim
+        # asks again, atomically.
+        lease = store.lease_of(p.sweep_id, p.arm, p.seed)
+        if lease is not None:
+            raise RunHeld(lease.line(f"{job.label} of sweep {p.sweep_id}"), lease)
     if decision.action == "resume":
         # Read nothing from a directory the store names until it is known to be this run's.
         check_resumable_dir(str(decision.checkpoint_dir), owner, plan.runs_dir())
+    return ArmPlan(
+        label=job.label,
+        job=job,
+        sweep=sweep_params,
+        extended=extended,
+        resources=resources,
+        nodes=nodes,
+        latest=latest,
+        decision=decision,
+        owner=owner,
+    )
 
-    # --- the first write: everything above has been checked ---
-    if extended:
-        store.extend_sweep(
-            p.sweep_id,
-            arms=sweep_params.arms,
-            seeds=sweep_params.seeds,
-            params=sweep_params.model_dump(),
+
+def claim_arm(store: Store, p: ArmParams, arm: ArmPlan) -> Attempt:
+    """The new attempt, held by this process (Store.resume_attempt): it resumes the newest
+    attempt's checkpoint, or starts over in a directory of its own."""
+    resume = arm.decision.action == "resume"
+
+    def fresh_dir(run_id: int) -> str:
+        return str(
+            plan.fresh_run_dir(
+                plan.runs_dir(),
+                store.store_id,
+                p.sweep_id,
+                p.arm,
+                p.seed,
+                arm.job.config_hash,
+                run_id,
+            ).resolve()  # every node must find it: never relative
         )
-        progress.say(
-            f"sweep {p.sweep_id} extended to arms {', '.join(sweep_params.arms)} × seeds "
-            f"{sweep_params.seeds}"
-        )
-    run_id = store.start_run(
+
+    return store.resume_attempt(
         sweep_id=p.sweep_id,
         arm=p.arm,
         seed=p.seed,
-        config=job.config,
-        config_hash=job.config_hash,
-        host=socket.gethostname(),
+        config=arm.job.config,
+        config_hash=arm.job.config_hash,
+        after=None if arm.latest is None else int(arm.latest["run_id"]),
+        resume_step=arm.decision.resume_step if resume else None,
+        checkpoint_dir=str(Path(str(arm.decision.checkpoint_dir)).resolve())
+        if resume
+        else fresh_dir,
         flow_run_id=current_flow_run_id(),
+        label=arm.label,
     )
-    try:
-        if decision.action == "resume":
-            assert decision.run_id is not None and decision.resume_step is not None
-            out_dir = str(decision.checkpoint_dir)
-            # What an outage held back from the older attempt goes in before its curve is
-            # copied over, so the copy misses nothing.
-            store.replay_spill(decision.run_id, out_dir)
-            store.copy_history(decision.run_id, run_id, decision.resume_step)
-            store.supersede(decision.run_id, run_id, "it resumed this attempt's checkpoint")
-            older = store.get_run(decision.run_id)
-            # The resumed curve's time so far belongs to this attempt too.
-            store.update_run(run_id, wall_s=older.get("wall_s"), tries=older.get("tries"))
-        else:
-            if latest and latest.get("status") == "running":
-                store.supersede(int(latest["run_id"]), run_id, "it started over")
-            out_dir = str(
-                plan.fresh_run_dir(
-                    plan.runs_dir(),
-                    store.store_id,
-                    p.sweep_id,
-                    p.arm,
-                    p.seed,
-                    job.config_hash,
-                    run_id,
-                )
-            )
-        out_dir = str(Path(out_dir).resolve())  # every node must find it: never relative
-        store.update_run(run_id, checkpoint_dir=out_dir)
-        if p.publish:  # a sweep's own arms leave this to the sweep (said once)
-            for warning in (
-                cluster.runs_dir_warning(plan.runs_dir(), nodes),
-                cluster.unplanned_warning(resources, nodes),
-            ):
-                if warning:
-                    progress.say(warning, level="warning")
-        progress.say(
-            f"{label}  run {run_id}: {decision.reason}; {resources_text(resources)}; "
-            f"checkpoints in {out_dir}"
-        )
-        result = train_in_ray(
-            run_id, label, job.config, url, out_dir, owner, resources.model_dump()
-        )
-    except BaseException as exc:
-        stopped = plan.is_stop(exc)
-        error = plan.error_text(exc, getattr(exc, "remote_traceback", None))
-        _bookkeeping(
-            lambda: store.update_run(
-                run_id,
-                outage_s=BOOKKEEPING_OUTAGE_S,
-                status="cancelled" if stopped else "failed",
-                error=error,
-            ),
-            lambda: store.refresh_sweep_status(p.sweep_id) if p.publish else None,
+
+
+def start_arm(store: Store, p: ArmParams, arm: ArmPlan, attempt: Attempt) -> None:
+    """What follows the claim before training: the sweep widened (`extend`), the resumed
+    attempt's held-back writes, and the lines that say what is about to happen."""
+    if arm.extended:
+        store.extend_sweep(
+            p.sweep_id, arms=arm.sweep.arms, seeds=arm.sweep.seeds, params=arm.sweep.model_dump()
         )
         progress.say(
-            f"{label}  run {run_id} {'stopped' if stopped else 'failed'}: {plan.first_line(exc)}",
-            level="warning" if stopped else "error",
+            f"sweep {p.sweep_id} extended to arms {', '.join(arm.sweep.arms)} × seeds "
+            f"{arm.sweep.seeds}"
         )
-        raise
-    store.update_run(
+    resumed, step = arm.decision.run_id, arm.decision.resume_step
+    # What an outage held back from the resumed attempt (its spill file, in the directory this
+    # attempt now holds) goes into it, and its curve is copied again: the copy in the claim
+    # keeps what it has and gains what the spill adds.
+    if (
+        arm.decision.action == "resume"
+        and resumed is not None
+        and step is not None
+        and store.replay_spill(resumed, attempt.checkpoint_dir)
+    ):
+        store.copy_history(resumed, attempt.run_id, step)
+    if p.publish:  # a sweep's own arms leave this to the sweep (said once)
+        for warning in (
+            cluster.runs_dir_warning(plan.runs_dir(), arm.nodes),
+            cluster.unplanned_warning(arm.resources, arm.nodes),
+        ):
+            if warning:
+                progress.say(warning, level="warning")
+    progress.say(
+        f"{arm.label}  run {attempt.run_id}: {arm.decision.reason}; "
+        f"{ray_worker.resources_text(arm.resources)}; checkpoints in {attempt.checkpoint_dir}"
+    )
+
+
+def finish_arm(
+    store: Store, p: ArmParams, label: str, run_id: int, result: dict[str, Any]
+) -> dict[str, Any]:
+    """Mark the attempt completed (its lease released), recompute the sweep's status when this
+    run is alone, say so, and publish the table."""
+    held = store.end_attempt(
         run_id,
-        status="completed",
+        "completed",
         steps=result["steps"],
         grad_updates=result["grad_updates"],
         tokens=result["tokens"],
         host=result["host"],
+        **unwritten_wall(run_id),
     )
+    if not held:
+        raise ray_worker.LeaseLost(
+            f"{label}  run {run_id} trained to the end, but a newer attempt had taken it over "
+            "meanwhile (its lease had no heartbeat for too long): the newer attempt is the record"
+        )
     # An arm of a running sweep leaves the sweep's status to the sweep's own flow run (it
     # knows which arms are still to start); one run alone (`dapo arm`, a rerun) recomputes it.
     status = store.refresh_sweep_status(p.sweep_id) if p.publish else None
@@ -317,8 +338,31 @@ def run_arm(p: ArmParams) -> dict[str, Any]:
         + (f"; sweep {p.sweep_id} {status}" if status else "")
     )
     if p.publish:
-        publish_sweep(url, p.sweep_id)
+        publish_sweep(store.url, p.sweep_id)
     return {"label": label, "status": "completed", "run_id": run_id, "tries": tries, **result}
+
+
+def _record_failure(
+    store: Store, p: ArmParams, label: str, run_id: int, exc: BaseException
+) -> None:
+    """The attempt ends failed (or cancelled, for a stop) and releases its lease; one taken
+    over meanwhile is left as the takeover recorded it."""
+    stopped = plan.is_stop(exc)
+    error = plan.error_text(exc, getattr(exc, "remote_traceback", None))
+    _bookkeeping(
+        lambda: store.end_attempt(
+            run_id,
+            "cancelled" if stopped else "failed",
+            outage_s=BOOKKEEPING_OUTAGE_S,
+            error=error,
+            **unwritten_wall(run_id),
+        ),
+        lambda: store.refresh_sweep_status(p.sweep_id) if p.publish else None,
+    )
+    progress.say(
+        f"{label}  run {run_id} {'stopped' if stopped else 'failed'}: {first_line(exc, with_type=True)}",
+        level="warning" if stopped else "error",
+    )
 
 
 def _bookkeeping(*steps: Any) -> None:
@@ -328,11 +372,14 @@ def _bookkeeping(*steps: Any) -> None:
         try:
             step()
         except Exception as exc:
-            progress.say(f"could not update the store: {plan.first_line(exc)}", level="warning")
+            progress.say(
+                f"could not update the store: {first_line(exc, with_type=True)}", level="warning"
+            )
 
 
 def _mark_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
-    """A cancelled or crashed arm flow run leaves its attempt marked, not "running" forever."""
+    """A cancelled or crashed arm flow run leaves its attempt marked (and its lease released),
+    not "running" forever."""
     params = dict(getattr(flow_run, "parameters", None) or {})
     try:
         store = Store(params.get("store_url"))
@@ -348,10 +395,10 @@ def _mark_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     ):
         status = "cancelled" if state.is_cancelled() else "failed"
         _bookkeeping(
-            lambda: store.update_run(
+            lambda: store.end_attempt(
                 int(latest["run_id"]),
+                status,
                 outage_s=BOOKKEEPING_OUTAGE_S,
-                status=status,
                 error=f"flow run {state.name}: {state.message or ''}".strip(),
             ),
             lambda: (
@@ -367,10 +414,15 @@ def _mark_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     flow_run_name="{arm}-s{seed}-sweep{sweep_id}",
     validate_parameters=False,
     persist_result=False,
-    on_cancellation=[_mark_interrupted],
+    on_cancellation=[ray_jobs.stop_on_cancel, _mark_interrupted],
     on_crashed=[_mark_interrupted],
 )
 @takes(ArmParams)
 def ablation_arm(**parameters: Any) -> dict[str, Any]:
     """Train one arm × seed of a sweep in a Ray actor (a rerun makes a new attempt)."""
-    return run_arm(validate(ArmParams, parameters))
+    try:
+        return run_arm(validate(ArmParams, parameters))
+    except ray_jobs.JobStopped as exc:  # its Ray job was stopped: the flow run is cancelled too
+        from prefect.states import Cancelled
+
+        return Cancelled(message=str(exc))  # type: ignore[return-value]

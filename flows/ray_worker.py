@@ -28,7 +28,7 @@ naming the bundles and what the cluster has free.
 from __future__ import annotations
 
 import contextlib
-import functools
+import contextvars
 import logging
 import os
 import signal
@@ -59,6 +59,7 @@ if "ray" not in sys.modules:
     os.environ.setdefault("RAY_enable_metrics_collection", "0")
 import ray
 
+from dapo_common.util import first_line, free_port
 from flows import cluster, plan
 from flows.params import Resources
 
@@ -112,6 +113,23 @@ class Interrupted(RuntimeError):
 # Set when this process stops its work (a Ctrl-C in `dapo sweep`): every wait below kills its
 # actor and raises Interrupted instead of waiting for training to end.
 STOP = threading.Event()
+
+
+class LeaseLost(RuntimeError):
+    """Another process took over the run this driver trained (its lease went stale: no
+    heartbeat for db.models.RUN_LEASE_S): the actors were stopped (never retried)."""
+
+
+# The `cancel` event of the run_training call in progress in this context (one arm's thread):
+# set, its waits stop the arm's actors and raise LeaseLost; the other arms go on.
+_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "dapo_cancel", default=None
+)
+
+
+def _stopping() -> bool:
+    cancel = _CANCEL.get()
+    return STOP.is_set() or (cancel is not None and cancel.is_set())
 
 
 class PlacementTimeout(RuntimeError):
@@ -177,12 +195,31 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> dict[
             )
     except ConnectionError as exc:
         raise ConnectionError(
-            f"cannot join the Ray cluster at {address}: {plan.first_line(exc)}"
+            f"cannot join the Ray cluster at {address}: {first_line(exc, with_type=True)}"
         ) from None
     finally:
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     return dict(ray.cluster_resources())
+
+
+def place_arm(
+    address: str | None, resources: Resources, configs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Join (or start) the cluster and check that an arm with `resources` fits on it: more
+    than the whole cluster has (plan.check_fits), a worker no live node can hold, or a model
+    that does not fit its GPUs is one line before anything is written. Returns the live
+    nodes (for the warnings of cluster.runs_dir_warning / unplanned_warning)."""
+    plan.check_fits(connect(address), resources)
+    return cluster.check_placement(resources, configs)
+
+
+def resources_text(resources: Resources) -> str:
+    """`1 CPU`, `2 workers × (1 CPU, 1 GPU), SPREAD`."""
+    each = f"{resources.cpus:g} CPU" + (f", {resources.gpus:g} GPU" if resources.gpus else "")
+    if resources.workers == 1:
+        return each
+    return f"{resources.workers} workers × ({each}), {resources.placement}"
 
 
 def probe(address: str) -> None:
@@ -230,11 +267,6 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def actor_alive(run_id: int) -> bool:
-    """Whether a live actor is training store run `run_id` on this cluster."""
-    return training_actor(run_id) is not None
-
-
 def training_actor(run_id: int) -> Any | None:
     """The actor training store run `run_id`: rank 0 of a multi-worker group (named after the
     run), or a pooled single-worker actor of any driver (pooled actors are named `dapo-slot-*`
@@ -261,6 +293,7 @@ class ArmTrainer:
     def __init__(self) -> None:
         self._progress: dict[str, Any] | None = None
         self._run_id: int | None = None
+        self._sink: Any = None
         self._threads = _set_threads()
         # The first arm would pay for these imports; a pooled actor pays once, at start-up,
         # while the driver is busy elsewhere.
@@ -279,11 +312,8 @@ class ArmTrainer:
         """torch.distributed's init method for a job whose rank 0 is this actor: this node's
         address and a port free on it now (the TCP store binds it a moment later)."""
         ip = ray.util.get_node_ip_address()
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((ip, 0))
-            port = int(s.getsockname()[1])
-        return f"tcp://[{ip}]:{port}" if family == socket.AF_INET6 else f"tcp://{ip}:{port}"
+        port = free_port(ip)
+        return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
 
     def train(
         self,
@@ -299,7 +329,7 @@ class ArmTrainer:
         cfg = ExperimentConfig.from_dict(config)
         self._progress, self._run_id = None, run_id
         # The sink spills what a store outage holds back into the run directory.
-        sink = open_sink(store_url, run_id, out_dir, config, owner)
+        sink = self._open_sink(store_url, run_id, out_dir, config, owner)
         try:
             result = train(
                 cfg,
@@ -313,7 +343,7 @@ class ArmTrainer:
             sink.close()
             self._run_id = None
         # Where it ran at the end: a restarted actor (max_restarts) may be on another node.
-        return {**_result_dict(result), "host": cluster.describe([cluster.here()])}
+        return {**self._result(result), "host": cluster.describe([cluster.here()])}
 
     def train_rank(
         self,
@@ -339,7 +369,7 @@ class ArmTrainer:
             init_method,
             config,
             out_dir,
-            functools.partial(open_sink, store_url, run_id, out_dir, config, owner)
+            (lambda: self._open_sink(store_url, run_id, out_dir, config, owner))
             if rank == 0
             else None,
             owner,
@@ -349,7 +379,7 @@ class ArmTrainer:
             local_rank=0 if gpu else None,
             num_threads=self._threads,
         )
-        return _result_dict(result)
+        return self._result(result)
 
     def evaluate(
         self, config: dict[str, Any], checkpoint: str, store_url: str, run_id: int
@@ -377,7 +407,28 @@ class ArmTrainer:
         return self._progress
 
     def _on_progress(self, update: dict[str, Any]) -> None:
-        self._progress = dict(update)
+        # With the store's outage waits so far: the driver leaves them out of the wall time
+        # even when this actor dies before it can return them.
+        self._progress = {**update, "store_wait_s": store_wait_s(self._sink)}
+
+    def _open_sink(self, *args: Any) -> Any:
+        """open_sink, kept so that its outage waits can be reported (rank 0 of N: called in
+        this process by train_worker, never pickled)."""
+        self._sink = open_sink(*args)
+        return self._sink
+
+    def _result(self, result: Any) -> dict[str, Any]:
+        """The result of train(), and the seconds its sink waited on a store that was down
+        (store_wait_s: 0 on ranks without a sink)."""
+        waited, self._sink = store_wait_s(self._sink), None
+        return {**_result_dict(result), "store_wait_s": waited}
+
+
+def store_wait_s(sink: Any) -> float:
+    """Seconds a run's store sink (db.sink.SqlSink.waited_s, also behind the trackers' fan-out)
+    has waited on the store while it was down."""
+    primary = getattr(sink, "primary", sink)
+    return float(getattr(primary, "waited_s", 0.0) or 0.0)
 
 
 def open_sink(
@@ -522,15 +573,31 @@ def run_training(
     resources: Resources,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     on_placed: Placed | None = None,
+    cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Train store run `run_id` on resources.workers actors and wait; progress updates go to
-    `on_progress`, where the actors landed to `on_placed`.
+    `on_progress`, where the actors landed to `on_placed`. Setting `cancel` (the run's lease
+    was lost) stops the actors and raises LeaseLost.
 
     `owner` names who may use out_dir (plan.run_owner): a directory owned by another store,
     arm or seed is refused before anything in it is resumed. Raises ActorLost when an actor
     dies, TrainingFailed when training raised (a user mistake keeps its own class).
     """
-    job = TrainJob(config, store_url, run_id, out_dir, owner)
+    token = _CANCEL.set(cancel)
+    try:
+        return _run_training(
+            TrainJob(config, store_url, run_id, out_dir, owner), resources, on_progress, on_placed
+        )
+    finally:
+        _CANCEL.reset(token)
+
+
+def _run_training(
+    job: TrainJob,
+    resources: Resources,
+    on_progress: Callable[[dict[str, Any]], None] | None,
+    on_placed: Placed | None,
+) -> dict[str, Any]:
     if resources.workers > 1:
         return run_group(job, resources, on_progress, on_placed)
     actor = _POOL.take(resources)
@@ -579,7 +646,7 @@ def run_group(
             raise PlacementTimeout(_unplaced(n, bundle, resources.placement, wait_s))
         actors = [
             ArmTrainer.options(  # type: ignore[attr-defined]
-                # Rank 0 carries the run's actor name: actor_alive() finds a training arm.
+                # Rank 0 carries the run's actor name: training_actor() finds a training arm.
                 name=plan.actor_name(job.run_id) + (f"-rank{rank}" if rank else ""),
                 namespace=plan.ACTOR_NAMESPACE,
                 num_cpus=resources.cpus,
@@ -629,7 +696,11 @@ def _stop(actors: list[Any]) -> None:
     for actor in actors:
         with contextlib.suppress(Exception):
             ray.kill(actor)
-    raise Interrupted("stopped: this process is shutting down")
+    if STOP.is_set():
+        raise Interrupted("stopped: this process is shutting down")
+    raise LeaseLost(
+        "stopped: another process took this run over (its lease had no heartbeat for too long)"
+    )
 
 
 def _gather(refs: list[Any], actors: list[Any], *, timeout_s: float | None = None) -> list[Any]:
@@ -637,7 +708,7 @@ def _gather(refs: list[Any], actors: list[Any], *, timeout_s: float | None = Non
     [] when they are not all done by then."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
-        if STOP.is_set():
+        if _stopping():
             _stop(actors)
         poll = PROGRESS_POLL_S
         if deadline is not None:
@@ -650,7 +721,9 @@ def _gather(refs: list[Any], actors: list[Any], *, timeout_s: float | None = Non
     try:
         return list(ray.get(refs))
     except ray.exceptions.RayActorError as exc:
-        raise ActorLost(f"the Ray actor died before training: {plan.first_line(exc)}") from None
+        raise ActorLost(
+            f"the Ray actor died before training: {first_line(exc, with_type=True)}"
+        ) from None
 
 
 def _unplaced(n: int, bundle: Mapping[str, float], strategy: str, wait_s: float) -> str:
@@ -675,7 +748,7 @@ def _wait(
 ) -> dict[str, Any]:
     last_step = None
     while True:
-        if STOP.is_set():
+        if _stopping():
             _stop([actor])
         done, _ = ray.wait([ref], timeout=PROGRESS_POLL_S)
         if on_progress is not None:
@@ -688,14 +761,14 @@ def _wait(
     try:
         return dict(ray.get(ref))
     except ray.exceptions.RayActorError as exc:
-        raise ActorLost(f"the Ray actor died: {plan.first_line(exc)}") from None
+        raise ActorLost(f"the Ray actor died: {first_line(exc, with_type=True)}") from None
     except ray.exceptions.RayTaskError as exc:
         raise _task_error(exc) from None
 
 
 def _task_error(exc: Any) -> Exception:
     """What a RayTaskError (train() raised in the actor) becomes here."""
-    from dapo_core.cli import USER_ERRORS
+    from dapo_common.cli_args import USER_ERRORS
 
     cause = exc.cause if isinstance(exc.cause, BaseException) else exc
     if isinstance(cause, USER_ERRORS):
@@ -707,7 +780,7 @@ def _task_error(exc: Any) -> Exception:
             mistake = ValueError(str(cause))
         setattr(mistake, "remote_traceback", str(exc))  # noqa: B010 (read by flows/arm.py)
         return mistake
-    return TrainingFailed(plan.first_line(cause), str(exc))
+    return TrainingFailed(first_line(cause, with_type=True), str(exc))
 
 
 def _peer_gone(exc: BaseException) -> bool:
@@ -731,7 +804,7 @@ def _wait_group(
     last_step = None
     peer_loss_since: float | None = None
     while True:
-        if STOP.is_set():
+        if _stopping():
             _stop(actors)
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_POLL_S)
         for ref in done:
@@ -767,7 +840,7 @@ def _wait_group(
             rank = min(failed)
             raise ActorLost(
                 f"worker {rank} of {n} lost its peers (a worker or its node went away): "
-                f"{plan.first_line(failed[rank])}"
+                f"{first_line(failed[rank], with_type=True)}"
             )
 
 
@@ -776,7 +849,7 @@ def _lost(rank: int, n: int, place: dict[str, Any], exc: BaseException, actor: A
     why = _loss_cause(str(place.get("node_id")), exc, actor)
     return ActorLost(
         f"worker {rank} of {n} on node {cluster.node_label(place)} was lost ({why}): "
-        f"{plan.first_line(exc)}"
+        f"{first_line(exc, with_type=True)}"
     )
 
 
@@ -792,7 +865,7 @@ def _loss_cause(node_id: str, exc: BaseException, actor: Any) -> str:
         if alive is False:
             return "its node died"
         unknown = isinstance(exc, ray.exceptions.ActorUnavailableError)
-        if not unknown or time.monotonic() > deadline or STOP.is_set():
+        if not unknown or time.monotonic() > deadline or _stopping():
             return "its actor died"
         try:
             ray.get(actor.progress.remote(), timeout=PROGRESS_POLL_S)

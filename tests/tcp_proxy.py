@@ -4,6 +4,8 @@
         ...
         proxy.stop()    # every open connection is cut, new ones are refused
         proxy.start()   # the same port answers again
+        proxy.hang()    # connections stay open and new ones are accepted, but nothing is
+        proxy.unhang()  # forwarded until unhang (a server that stops answering, not refusing)
 
 Threads only; everything it starts it stops (no process is left behind).
 """
@@ -27,6 +29,15 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.connections = 0  # accepted since the start, for tests that want to see traffic
+        self._flowing = threading.Event()  # cleared while hung: bytes wait, nothing is lost
+        self._flowing.set()
+
+    def hang(self) -> None:
+        """Stop forwarding without refusing: every byte waits in the proxy until unhang()."""
+        self._flowing.clear()
+
+    def unhang(self) -> None:
+        self._flowing.set()
 
     def start(self) -> None:
         listener = socket.socket()
@@ -68,25 +79,34 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # stopped
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-                server.settimeout(None)
-            except OSError:
-                client.close()
+            if not self._flowing.is_set():
+                # Accepted, and left waiting (its bytes too) until unhang: a hung server.
+                threading.Thread(target=self._join, args=(listener, client), daemon=True).start()
                 continue
-            with self._lock:
-                if self._listener is not listener:  # stopped meanwhile
-                    client.close()
-                    server.close()
-                    return
-                self._sockets |= {client, server}
-                self.connections += 1
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            self._join(listener, client)
+
+    def _join(self, listener: socket.socket, client: socket.socket) -> None:
+        self._flowing.wait()
+        try:
+            server = socket.create_connection(self.upstream, timeout=5)
+            server.settimeout(None)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            if self._listener is not listener:  # stopped meanwhile
+                client.close()
+                server.close()
+                return
+            self._sockets |= {client, server}
+            self.connections += 1
+        for src, dst in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()  # hung: the bytes wait here, in order
                 dst.sendall(data)
         except OSError:
             pass

@@ -21,12 +21,11 @@ from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.train.checkpoint import (
     BEST,
     ensure_export,
-    has_export,
     is_sharded,
     load_sharded_model,
     retain_checkpoints,
 )
-from dapo_core.train.run_dir import CHECKPOINTS, LATEST, STATE_FILE
+from dapo_core.train.run_dir import CHECKPOINTS, LATEST, STATE_FILE, has_export
 from dapo_core.train.runner import load_checkpoint_policy, load_masters, train
 
 pytestmark = pytest.mark.timeout(600)

@@ -131,7 +131,7 @@ def test_a_postgres_outage_loses_and_duplicates_nothing(
     assert sink.pending == 0
     assert slowest < 1.0, f"a step waited {slowest:.1f} s for the store"  # training went on
     assert_every_step_once(direct, run_id, range(1, 31))
-    assert not list(tmp_path.iterdir())  # nothing was spilled, nothing is left
+    assert not list(tmp_path.iterdir())  # all written back: no spill file is left
 
 
 def test_a_connection_dropped_between_steps_is_replaced_not_queued(

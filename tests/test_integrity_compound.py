@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from db import queries
+from db import ablation, reads
 from db.store import Store
 
 
@@ -89,7 +89,7 @@ def test_two_writers_of_the_same_steps_samples_never_collide(
     for thread in threads:
         thread.join(timeout=300)
     assert errors == []
-    frame = queries.samples(store.engine, run_id, limit=100_000)
+    frame = reads.samples(store.engine, run_id, limit=100_000)
     assert len(frame) == STEPS * SAMPLES_PER_STEP
     for step, rows in frame.groupby("step"):
         assert sorted(rows["idx"]) == list(range(SAMPLES_PER_STEP)), step
@@ -104,7 +104,7 @@ def test_a_step_rewritten_with_fewer_samples_keeps_only_those(store_url: str) ->
         sink.log_samples(2, [_sample(i, 1) for i in range(5)])
         sink.log_samples(2, [_sample(i, 2) for i in range(2)])
         sink.log_samples(3, [])
-    frame = queries.samples(store.engine, run_id, step=2)
+    frame = reads.samples(store.engine, run_id, step=2)
     assert list(frame["idx"]) == [0, 1] and set(frame["reward"]) == {2.0}
 
 
@@ -175,11 +175,12 @@ def test_the_served_dashboards_processes_show_no_password(
     import sys
     from pathlib import Path
 
+    from dapo_common.util import free_port
     from dashboard import browser
 
     secret = f"pw-{uuid.uuid4().hex[:12]}"
     url = request.getfixturevalue("pg_schemas")().replace("@", f":{secret}@", 1)
-    port = browser.free_port()
+    port = free_port()
     env = {**os.environ, "DAPO_DB_URL": url, "PREFECT_HOME": str(tmp_path / "prefect")}
     dapo = str(Path(sys.executable).parent / "dapo")
     server = subprocess.Popen(
@@ -302,18 +303,18 @@ def test_a_sweep_whose_driver_died_reads_interrupted_once_its_lease_expires(
     _age(store, SWEEPS, sweep_id, RUN_LEASE_S + 60)
     _age(store, SWEEPS, alive_sweep, RUN_LEASE_S + 60)  # its run's heartbeat keeps it alive
 
-    assert queries.run_details(store.engine, dead)["status"] == "interrupted"
-    assert list(queries.runs_of_sweep(store.engine, sweep_id)["status"]) == ["interrupted"]
-    assert list(queries.arm_attempts(store.engine, sweep_id, "grpo")["status"]) == ["interrupted"]
-    assert queries.sweep_details(store.engine, sweep_id)["status"] == "interrupted"
-    table = queries.ablation_table(store.engine, sweep_id)
+    assert reads.run_details(store.engine, dead)["status"] == "interrupted"
+    assert list(reads.runs_of_sweep(store.engine, sweep_id)["status"]) == ["interrupted"]
+    assert list(reads.arm_attempts(store.engine, sweep_id, "grpo")["status"]) == ["interrupted"]
+    assert reads.sweep_details(store.engine, sweep_id)["status"] == "interrupted"
+    table = ablation.ablation_table(store.engine, sweep_id)
     assert list(table["status"]) == ["interrupted"]
-    sweeps = queries.list_sweeps(store.engine).set_index("sweep_id")
+    sweeps = ablation.list_sweeps(store.engine).set_index("sweep_id")
     assert sweeps.loc[sweep_id, "status"] == "interrupted"
     assert sweeps.loc[sweep_id, "runs_running"] == 0
 
-    assert queries.run_details(store.engine, alive)["status"] == "running"
-    assert queries.sweep_details(store.engine, alive_sweep)["status"] == "running"
+    assert reads.run_details(store.engine, alive)["status"] == "running"
+    assert reads.sweep_details(store.engine, alive_sweep)["status"] == "running"
     assert sweeps.loc[alive_sweep, "status"] == "running"
     # Never stored: the dead run's row still says what its driver last wrote.
     assert store.get_run(dead)["status"] == "running"
@@ -377,7 +378,7 @@ def test_the_nan_guard_stops_after_exactly_max_nonfinite_updates_skipped_updates
     from test_trainer import ScriptedEngine, make_cfg, make_trainer
     from tiny_policy import char_tokenizer
 
-    from dapo_core import metric_names as M
+    from dapo_common import metric_names as M
 
     engine = ScriptedEngine(char_tokenizer(), correct=[[1, 2, 3, 2]])
     cfg = make_cfg(**{"algo.ppo_epochs": 2, "optim.max_nonfinite_updates": 3})
@@ -467,14 +468,14 @@ def test_a_try_whose_wall_time_met_an_outage_still_counts(
     from types import SimpleNamespace
 
     from db.errors import StoreUnavailable
-    from flows import arm, ray_worker
+    from flows import arm, heartbeat, ray_worker
     from flows.params import Resources
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     store = Store(url)
     _, run_id = _sweep_and_run(store)
     now = [1_000.0]
-    monkeypatch.setattr(arm, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(heartbeat, "time", SimpleNamespace(monotonic=lambda: now[0]))
     real_set_wall = Store.set_wall
 
     def down(*_a: Any, **_k: Any) -> None:
@@ -507,13 +508,13 @@ def test_a_training_driver_beats_while_a_step_is_still_running(
     """The run row's heartbeat (its wall time, what the lease reads) was written only when a
     step finished: a long step or evaluation read as a dead driver. It is written on a clock:
     here, twice while the (fake) training reports no step at all."""
-    from flows import arm, ray_worker
+    from flows import arm, heartbeat, ray_worker
     from flows.params import Resources
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     store = Store(url)
     _, run_id = _sweep_and_run(store)
-    monkeypatch.setattr(arm, "WALL_EVERY_S", 0.01)
+    monkeypatch.setattr(heartbeat, "WALL_EVERY_S", 0.01)
     beats: list[float] = []
     twice = threading.Event()
     real_set_wall = Store.set_wall

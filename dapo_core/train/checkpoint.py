@@ -65,6 +65,7 @@ from dapo_core.train.run_dir import (
     SHARDS_DIR,
     STATE_FILE,
     checkpoint_step,
+    has_export,
     latest_checkpoint,
     write_atomic,
 )
@@ -77,7 +78,6 @@ if TYPE_CHECKING:
 __all__ = [
     "checkpoint_step",
     "ensure_export",
-    "has_export",
     "is_sharded",
     "latest_checkpoint",
     "load_checkpoint_config",
@@ -261,11 +261,6 @@ def _is_param(model: nn.Module, name: str) -> bool:
 def is_sharded(ckpt: Path) -> bool:
     """Whether N workers wrote this checkpoint (torch.distributed.checkpoint inside)."""
     return (Path(ckpt) / SHARDS_DIR).is_dir()
-
-
-def has_export(ckpt: Path) -> bool:
-    """Whether the checkpoint holds HF-format weights in model/ (one worker's always does)."""
-    return any((Path(ckpt) / MODEL_DIR).glob("*.safetensors"))
 
 
 def ensure_export(ckpt: Path, model_cfg: ModelConfig) -> Path:

@@ -11,7 +11,10 @@ it freely.
 
 Only a `latest` that names a `step_<N>` directory inside `checkpoints/` is followed: a crafted
 pointer (`../../elsewhere`) or a symlink out of the run directory is refused, so a checkpoint
-path taken from the store can never make a run load files from outside its own directory.
+path taken from the store can never make a run load files from outside its own directory. A
+`latest` that cannot be read, or names a checkpoint that is not there or not whole, is said in
+one line (ValueError), never taken for "no checkpoint": that would start the run over silently
+and its new curve would overwrite the old one's steps.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ SHARDS_DIR = "dcp"  # torch.distributed.checkpoint of a sharded checkpoint: mast
 RANKS_DIR = "ranks"  # rank_<r>.pt: each worker's random streams
 OWNER_FILE = "OWNER.json"
 _STEP_NAME = re.compile(r"step_(\d+)")
+# What a damaged `latest` pointer's line goes on to say.
+_DAMAGED = (
+    "the run's checkpoints are damaged; point it at a whole step_<N> checkpoint, or remove it "
+    "to start the run over"
+)
 
 
 class NotOwner(ValueError):
@@ -63,14 +71,23 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     pointer = root / LATEST
     try:
         name = pointer.read_text().strip()
-    except OSError:
-        return None
+    except FileNotFoundError:
+        return None  # no checkpoint written yet
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ValueError(f"{pointer} cannot be read ({reason}): {_DAMAGED}") from None
     if not _STEP_NAME.fullmatch(name):
-        raise ValueError(f"{pointer} names {name[:80]!r}, not a step_<N> checkpoint of this run")
+        raise ValueError(
+            f"{pointer} names {name[:80]!r}, not a step_<N> checkpoint of this run: {_DAMAGED}"
+        )
     path = root / name
     if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
         raise ValueError(f"{path} leads outside the run directory {run_dir}: refusing to load it")
-    return path if (path / STATE_FILE).is_file() else None
+    if not path.is_dir():
+        raise ValueError(f"{pointer} names {name}, which is not there: {_DAMAGED}")
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"{pointer} names {name}, which has no {STATE_FILE}: {_DAMAGED}")
+    return path
 
 
 def checkpoint_step(ckpt: str | Path) -> int:
@@ -82,15 +99,26 @@ def checkpoint_step(ckpt: str | Path) -> int:
 
 
 def latest_step(run_dir: str | Path | None) -> int | None:
-    """The rollout step of the newest complete checkpoint under a run directory, or None
-    (also None for a pointer that cannot be followed safely)."""
+    """The rollout step of the newest complete checkpoint under a run directory, or None when
+    it has none yet. ValueError (one line) for a pointer that cannot be followed, as
+    latest_checkpoint: a damaged run is said, not started over."""
     if not run_dir:
         return None
-    try:
-        ckpt = latest_checkpoint(run_dir)
-    except ValueError:
-        return None
+    ckpt = latest_checkpoint(run_dir)
     return None if ckpt is None else checkpoint_step(ckpt)
+
+
+def check_checkpoint_files(ckpt: str | Path) -> None:
+    """A sharded checkpoint must hold every shard file its DCP metadata names (a copy that
+    lost one would fail deep inside torch's loader, after the run started writing): ValueError
+    naming the missing shard. Imports torch (the metadata is pickled), so only when there is a
+    sharded checkpoint to check."""
+    shards = Path(ckpt) / SHARDS_DIR
+    if not shards.is_dir():
+        return
+    from dapo_core.train import safe_dcp
+
+    safe_dcp.read_metadata(shards)
 
 
 def read_owner(run_dir: str | Path) -> dict[str, Any] | None:
@@ -122,6 +150,9 @@ def check_resumable_dir(
             f"{path} does not belong to this run (its {OWNER_FILE}: {found}): refusing to resume "
             "from it (--force starts the arm over)"
         )
+    ckpt = latest_checkpoint(path)
+    if ckpt is not None:
+        check_checkpoint_files(ckpt)  # before the resume writes its first row
     return path
 
 
@@ -152,3 +183,8 @@ def claim(run_dir: str | Path, owner: Mapping[str, Any]) -> None:
             f"; this one has {', '.join(f'{k}={mine.get(k)!r}' for k in differ)}): refusing to "
             "write or resume there"
         )
+
+
+def has_export(ckpt: Path) -> bool:
+    """Whether the checkpoint holds HF-format weights in model/ (one worker's always does)."""
+    return any((Path(ckpt) / MODEL_DIR).glob("*.safetensors"))

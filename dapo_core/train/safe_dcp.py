@@ -52,6 +52,10 @@ class UnsafeCheckpoint(ValueError):
     """A DCP checkpoint that names something outside the allow-list."""
 
 
+class MissingShard(ValueError):
+    """A DCP checkpoint whose metadata names a shard file that is not there."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _METADATA_CLASSES:
@@ -94,6 +98,13 @@ def _check_storage_paths(path: Path, metadata: Metadata, file: str) -> None:
             raise UnsafeCheckpoint(
                 f"refusing checkpoint {path}: its {file} names the shard file {str(stored)[:120]!r}, "
                 "outside the checkpoint's directory"
+            )
+        if not (path / relative).is_file():
+            # A checkpoint that lost a shard (a partial copy, a full disk) cannot be resumed;
+            # DCP's own error would come from deep inside the load, after the run began.
+            raise MissingShard(
+                f"checkpoint {path} is missing its shard file {relative} (named in its {file}): "
+                "it cannot be resumed; restore the file, or point `latest` at another checkpoint"
             )
 
 
