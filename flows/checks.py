@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dapo_core import real_model
 from dapo_core.setup.ladders import BUILTIN_LADDERS, Ladder, expand_grid, resolve_ladder
 from db.store import Store
 from flows import plan
@@ -30,7 +31,7 @@ def prepare_sweep(
     the parameters, every arm's config, the store, the model path and the data files."""
     params: SweepParams = validate(SweepParams, dict(raw))
     jobs = plan.sweep_jobs(params)  # configs first: a typo needs no store
-    store = Store(params.store_url)
+    store = Store(params.store_url, open_wait_s=0)
     if sweep_id is not None:
         # Running an existing sweep again: its own parameters, with this run's `force`.
         stored = validate(SweepParams, dict(store.get_sweep(sweep_id).get("params") or {}))
@@ -103,14 +104,17 @@ def _data_key(value: str) -> tuple[Any, ...]:
 
 def check_inputs(configs: Iterable[Mapping[str, Any]]) -> None:
     """Load every data set the configs name (once each per process, again if the file changed)
-    and check every local model path: ValueError / FileNotFoundError in one line naming the
+    and check every model (check_model): ValueError / FileNotFoundError in one line naming the
     file (and the row)."""
     from dapo_core.data.loaders import load_problems
 
     for config in configs:
         plan.check_local_paths(config)
-        check_model(str(config["model"]["name_or_path"]))
         data = config["data"]
+        check_model(
+            str(config["model"]["name_or_path"]),
+            chat=real_model.needs_chat_template(str(data.get("prompt_template", "dapo"))),
+        )
         for what, value in (("training data", data["train"]), ("eval data", data["eval"])):
             key = _data_key(str(value))
             if key in _LOADED:
@@ -124,18 +128,56 @@ def check_inputs(configs: Iterable[Mapping[str, Any]]) -> None:
             _LOADED.add(key)
 
 
-def check_model(name_or_path: str) -> None:
-    """A model given as a local path must be a model directory (a hub name is left to the
-    trainer: whether it downloads depends on the machine that trains)."""
-    if not plan.looks_like_path(name_or_path):
+def check_model(name_or_path: str, *, chat: bool = False) -> None:
+    """A model given as a local path must be a model directory, and then every check `dapo
+    train` makes (dapo_core.real_model.check_model, the one function for all commands): the
+    pinned real model converted, a GGUF file missing, corrupt or not converted, a directory
+    without tokenizer files, without a chat template when `chat` (the prompt template needs
+    one), or whose tokenizer does not fit its vocabulary. A hub name is left to the trainer:
+    whether it downloads depends on the machine that trains. Each (model, chat) is checked
+    once per process while its files stay as they were (a sweep checks arms × seeds configs)."""
+    if plan.looks_like_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"model path {name_or_path} does not exist")
+        # A GGUF file is real_model's to explain (missing, corrupt, or how to convert it).
+        is_gguf = path.suffix.lower() == real_model.GGUF_SUFFIX
+        if not is_gguf and not (path / MODEL_CONFIG).is_file():
+            raise ValueError(
+                f"model path {name_or_path} is not a model directory (no {MODEL_CONFIG} in it)"
+            )
+    key = (_model_key(name_or_path), chat)
+    if key in _CHECKED_MODELS:
         return
-    path = Path(name_or_path).expanduser()
+    real_model.check_model(name_or_path, chat=chat)
+    _CHECKED_MODELS.add(key)
+
+
+# Models that passed check_model in this process, keyed like the data sets (_data_key): reading
+# a 49k-token tokenizer.json for every arm × seed of a sweep would cost a second each.
+_CHECKED_MODELS: set[tuple[tuple[Any, ...], bool]] = set()
+
+
+def _model_key(name_or_path: str) -> tuple[Any, ...]:
+    """What would change a model's check: the pinned name's directory, or a local path's files
+    (name, size, modification time); a hub name is its name."""
+    if name_or_path == real_model.NAME:
+        path = real_model.converted_dir(real_model.GGUF_SHA256)
+    else:
+        path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {name_or_path} does not exist")
-    if not (path / MODEL_CONFIG).is_file():
-        raise ValueError(
-            f"model path {name_or_path} is not a model directory (no {MODEL_CONFIG} in it)"
-        )
+        return (name_or_path,)
+    files = [path] if path.is_file() else sorted(path.iterdir())
+    stats = [(f.name, *_size_and_mtime(f)) for f in files]
+    return (str(path.resolve()), tuple(stats))
+
+
+def _size_and_mtime(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:  # a dangling link: never equal to a later, whole file
+        return (-1, -1)
+    return (stat.st_size, stat.st_mtime_ns)
 
 
 def arm_in_sweep(sweep: Mapping[str, Any], arm: str, seed: int, *, extend: bool) -> SweepParams:
