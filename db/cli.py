@@ -18,6 +18,7 @@ from db import table_format
 # sqlalchemy, alembic and pandas are imported by the commands themselves, so that `dapo --help`
 # and the other layers' commands do not pay for them.
 
+DEFAULT_WINDOW = 10  # rollout steps at each end of a run in the mechanism table
 URL_HELP = "store URL (default: $DAPO_DB_URL, else the SQLite file in the user's data directory)"
 
 
@@ -88,13 +89,21 @@ def register(subparsers: Any) -> None:
     table.add_argument(
         "--window",
         type=int,
-        default=10,
-        help="rollout steps averaged at each end of a run (--mechanisms; default 10)",
+        default=None,
+        help=f"rollout steps averaged at each end of a run (--mechanisms; default "
+        f"{DEFAULT_WINDOW}, or the runs' length when they are shorter; a longer one than the "
+        "runs is an error)",
     )
     table.add_argument(
         "--all-metrics",
         action="store_true",
         help="with --mechanisms: every metric for every arm, not only those its change is about",
+    )
+    table.add_argument(
+        "--wide",
+        action="store_true",
+        help="text: every column, however wide (default: fit $COLUMNS, else the terminal, "
+        "else 120 characters, hiding the least telling columns and saying which)",
     )
     table.set_defaults(func=cmd_table)
 
@@ -120,7 +129,7 @@ def _explained(url: str) -> Iterator[None]:
         raise db_engine.explain(error, url) from error
 
 
-def _existing(url: str) -> None:
+def existing_store(url: str) -> None:
     """Read-only commands do not create a SQLite file: a missing one is a mistake to report."""
     from db import engine as db_engine
 
@@ -132,6 +141,9 @@ def _existing(url: str) -> None:
         raise FileNotFoundError(
             f"no store at {path} (it is created by the first `dapo sweep`, or `dapo db upgrade`)"
         )
+
+
+_existing = existing_store  # its earlier name (flows/export.py)
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
@@ -189,18 +201,19 @@ def cmd_current(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
+    from db import ablation, reads
     from db import engine as db_engine
-    from db import queries
+    from db.mechanism_table import mechanism_table
 
     url = db_engine.resolve_url(args.store)
-    _existing(url)
+    existing_store(url)
     # Read-only: a table is a look, so it creates, migrates and switches nothing (and works on
     # a store in a read-only directory).
     engine = db_engine.get_engine(url, read_only=True)
     with _explained(url):
         sweep_id = args.sweep
         if sweep_id is None:
-            sweep_id = queries.latest_sweep_id(engine)
+            sweep_id = reads.latest_sweep_id(engine)
             if sweep_id is None:
                 raise ValueError(
                     f"the store {db_engine.safe_url(url)} has no sweeps yet: start one with "
@@ -209,13 +222,34 @@ def cmd_table(args: argparse.Namespace) -> int:
         if args.mechanisms:
             from db import mechanisms
 
-            if args.window < 1:
+            if args.window is not None and args.window < 1:
                 raise ValueError(f"--window {args.window}: at least 1 rollout step")
-            frame = queries.mechanism_table(engine, sweep_id, window=args.window)
-            out = mechanisms.render(frame, args.format, focus_only=not args.all_metrics)
+            steps = reads.runs_of_sweep(engine, sweep_id)["steps"]
+            window = _window(args.window, steps, sweep_id)
+            frame = mechanism_table(engine, sweep_id, window=window)
+            out = mechanisms.render(
+                frame, args.format, focus_only=not args.all_metrics, wide=args.wide
+            )
             sys.stdout.write(out)
             return 0
-        table = queries.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
-        sweep = queries.sweep_details(engine, sweep_id)
-    sys.stdout.write(table_format.render(table, args.format, sweep))
+        table = ablation.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
+        sweep = reads.sweep_details(engine, sweep_id)
+    sys.stdout.write(table_format.render(table, args.format, sweep, wide=args.wide))
     return 0
+
+
+def _window(asked: int | None, steps: Any, sweep_id: int) -> int:
+    """The mechanism table's window. One asked for that is longer than every run of the sweep
+    would average each whole run twice and call it "first" and "last": a mistake to say, not
+    a table to print. The default is cut to the longest run instead, so short runs (a smoke
+    test) still get a table. Runs that have not logged a step say nothing about length."""
+    lengths = [int(s) for s in steps if s is not None and s == s and int(s) > 0]
+    longest = max(lengths, default=None)
+    if asked is None:
+        return DEFAULT_WINDOW if longest is None else min(DEFAULT_WINDOW, longest)
+    if longest is not None and asked > longest:
+        raise ValueError(
+            f"--window {asked}: the runs of sweep {sweep_id} are at most {longest} "
+            f"rollout steps long; use --window {max(1, longest // 2)} or less"
+        )
+    return asked

@@ -1,9 +1,15 @@
 """The ablation table as text: aligned columns for a terminal, CSV, and Markdown.
 
-Input is db.queries.ablation_table (fractions, and db.stats.Estimate records); everything
+Input is db.ablation.ablation_table (fractions, and db.stats.Estimate records); everything
 printed is in percent, Δs in percentage points. `ablation_records` is the one place that
 decides the columns and their cells: `dapo table`, the dashboard and the Prefect artifact all
 show its output. The CSV (`render(table, "csv")`) is the one export, intervals included.
+
+The text format is for a terminal: it fits `width` columns (dapo_common.text: $COLUMNS, else
+the terminal's, else 120) by hiding the least telling columns first and says which it hid, and a value over
+one seed is a bare number with "n=1: no intervals" said once under the table (not in every
+cell). The dashboard and the Prefect artifact keep the word in each cell: a cell there is read
+alone, without the table's notes.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dapo_common.text import fit, hidden_note, terminal_width, wrapped
+from dapo_common.util import duration
 from db import stats
 
 if TYPE_CHECKING:  # pandas is imported by the caller; `dapo --help` need not pay for it
@@ -24,6 +32,7 @@ MISSING = "—"
 SIGNIFICANT = "*"  # after a difference whose 95% interval excludes 0
 # Columns whose cells are numbers (right-aligned in text and Markdown).
 _LEFT = {"arm", "adds", "parent", "status"}
+SINGLE_NOTE = "n=1: no intervals (one seed; the n column says how many seeds each arm has)"
 
 
 def _missing(value: Any) -> bool:
@@ -41,18 +50,6 @@ def count(value: Any) -> str:
     return MISSING if _missing(value) else f"{float(value):,.0f}"
 
 
-def duration(seconds: Any) -> str:
-    """'1h 02m', '3m 05s', '42s'."""
-    if _missing(seconds):
-        return MISSING
-    total = round(float(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
-
-
 def seed_list(table: pd.DataFrame) -> list[int]:
     """Every seed with a score in some arm, sorted."""
     return sorted({int(s) for seeds in table["seeds"] for s in (seeds or [])})
@@ -64,16 +61,21 @@ def estimate_text(
     signed: bool = False,
     n_expected: int | None = None,
     number: Callable[[float], str] | None = None,
+    bare_single: bool = False,
 ) -> str:
     """A mean and its 95% interval in percent: '43.0 [38.2, 47.8]'; a difference also gets
     ' *' when its interval excludes 0 ('+5.0 [+1.2, +8.8] *'). One value: '44.0 (n=1, no
-    interval)', so a single seed never reads as a certain number. When fewer values went in
-    than the row has seeds (a difference over the seeds two arms share), '(n=2)' says so.
+    interval)', so a single seed never reads as a certain number; with `bare_single` (a table
+    that says SINGLE_NOTE once) just '44.0'. When fewer values went in than the row has seeds
+    (a difference over the seeds two arms share), '(n=2)' says so, bare or not.
     `number` writes each value (default: a fraction in percent, signed when `signed`)."""
     if estimate is None or estimate.n == 0 or _missing(estimate.mean):
         return MISSING
     num = number or (lambda x: pct(x, signed))
     value = num(estimate.mean)
+    if bare_single and estimate.n == 1:
+        fewer = n_expected is not None and n_expected != 1
+        return f"{value} (n=1)" if fewer else value
     if not estimate.has_interval:
         return f"{value} (n={estimate.n}, no interval)"
     text = f"{value} [{num(estimate.low)}, {num(estimate.high)}]"
@@ -84,9 +86,10 @@ def estimate_text(
     return text
 
 
-def ablation_records(table: pd.DataFrame) -> list[dict[str, str]]:
+def ablation_records(table: pd.DataFrame, *, bare_single: bool = False) -> list[dict[str, str]]:
     """One dict of display strings per arm, in the table's (ladder) order: the columns of
-    `dapo table`, the dashboard's table and the Prefect artifact alike."""
+    `dapo table`, the dashboard's table and the Prefect artifact alike. `bare_single`: see
+    estimate_text (for a table that carries SINGLE_NOTE)."""
     seeds = seed_list(table)
     records = []
     for row in table.to_dict("records"):
@@ -94,11 +97,15 @@ def ablation_records(table: pd.DataFrame) -> list[dict[str, str]]:
         per_seed = dict(zip(row["seeds"] or [], row["scores"] or [], strict=False))
         record = {"arm": str(row["arm"]), "adds": str(row["adds"] or ""), "n": str(n)}
         record["start"] = pct(row["start_mean"])
-        record["final"] = estimate_text(row["score"])
-        record["gain"] = estimate_text(row["gain"], signed=True, n_expected=n)
+        # The final score is over the row's own n; a difference may pair fewer seeds.
+        record["final"] = estimate_text(row["score"], bare_single=bare_single)
+        gain, d_parent, d_base = (
+            estimate_text(row[name], signed=True, n_expected=n, bare_single=bare_single)
+            for name in ("gain", "delta_parent", "delta_base")
+        )
+        record["gain"] = gain
         record["parent"] = MISSING if _missing(row["parent"]) else str(row["parent"])
-        record["Δ parent"] = estimate_text(row["delta_parent"], signed=True, n_expected=n)
-        record["Δ base"] = estimate_text(row["delta_base"], signed=True, n_expected=n)
+        record["Δ parent"], record["Δ base"] = d_parent, d_base
         for seed in seeds:
             record[f"seed {seed}"] = pct(per_seed.get(seed))
         paper = row["paper_score"]
@@ -106,7 +113,7 @@ def ablation_records(table: pd.DataFrame) -> list[dict[str, str]]:
         record["steps"] = count(row["steps"])
         record["updates"] = count(row["grad_updates"])
         record["tokens"] = count(row["tokens"])
-        record["time"] = duration(row["wall_s"])
+        record["time"] = duration(row["wall_s"], compact=True, missing=MISSING)
         record["status"] = str(row["status"])
         records.append(record)
     return records
@@ -119,13 +126,17 @@ def metric_label(table: pd.DataFrame) -> str:
     return f"{dataset} avg@{k}" if dataset is not None and k is not None else "avg@k"
 
 
-def caption(table: pd.DataFrame, sweep: Mapping[str, Any] | None = None) -> str:
-    """What the numbers are (and of which sweep), in one line."""
+def caption(
+    table: pd.DataFrame, sweep: Mapping[str, Any] | None = None, *, single_note: bool = True
+) -> str:
+    """What the numbers are (and of which sweep), in one line. `single_note=False` leaves out
+    what n=1 means, for a table that says SINGLE_NOTE under itself."""
     what = (
         f"final {metric_label(table)} in %, mean over seeds [95% t-interval over seeds]; "
         "start = the starting model (step-0 evaluation); gain = final − start; Δ parent, "
         f"Δ base: paired by seed, in percentage points, {SIGNIFICANT} = the interval excludes 0; "
-        "n=1: one seed, no interval; paper = Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
+        + ("n=1: one seed, no interval; " if single_note else "")
+        + "paper = Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
     )
     if sweep is None:
         return what
@@ -254,18 +265,53 @@ def _csv(table: pd.DataFrame) -> str:
     return buffer.getvalue()
 
 
-def render(table: pd.DataFrame, fmt: str, sweep: Mapping[str, Any] | None = None) -> str:
+def drop_order(records: Sequence[Mapping[str, str]]) -> list[str]:
+    """The ablation table's columns in the order a narrow terminal hides them: bookkeeping
+    first, then each seed's score, then context. arm, n (what a bare one-seed number needs
+    beside it), final and Δ parent always stay."""
+    seeds = [c for c in (records[0] if records else ()) if c.startswith("seed ")]
+    return [
+        *("updates", "tokens", "paper"),
+        *reversed(seeds),
+        *("steps", "time", "parent", "adds", "status", "start", "Δ base", "gain"),
+    ]
+
+
+def has_single(table: pd.DataFrame) -> bool:
+    """Whether some statistic of the table is over one seed (so it shows no interval)."""
+    names = ("score", "gain", "delta_parent", "delta_base")
+    return any(getattr(row[n], "n", 0) == 1 for row in table.to_dict("records") for n in names)
+
+
+def render(
+    table: pd.DataFrame,
+    fmt: str,
+    sweep: Mapping[str, Any] | None = None,
+    *,
+    width: int | None = None,
+    wide: bool = False,
+) -> str:
     """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line and
-    the headline (which arm leads, if any does significantly)."""
+    the headline (which arm leads, if any does significantly).
+
+    Text fits `width` columns (default: terminal_width(); `wide`: no limit) and, like
+    Markdown, shows a one-seed value bare with SINGLE_NOTE under the table."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if table.empty:
         return "" if fmt == "csv" else "(no arms)\n"
     if fmt == "csv":
         return _csv(table)
-    records = ablation_records(table)
-    body = _aligned(records) if fmt == "text" else _markdown(records)
-    note, lead = caption(table, sweep), headline(leader_of(table))
+    single = has_single(table)
+    records = ablation_records(table, bare_single=True)
+    note, lead = caption(table, sweep, single_note=False), headline(leader_of(table))
+    notes = [SINGLE_NOTE] if single else []
     if fmt == "text":
-        return f"{note}\n\n{body}\n\n{lead}\n"
+        limit = None if wide else (width or terminal_width())
+        shown, hidden = fit(records, limit, drop=drop_order(records), shrink={"adds": 16})
+        if hidden:
+            notes.append(hidden_note(hidden, limit))
+        under = "".join(f"{wrapped(n, limit)}\n" for n in notes)  # right under the rows
+        return f"{wrapped(note, limit)}\n\n{_aligned(shown)}\n{under}\n{wrapped(lead, limit)}\n"
+    body = "\n\n".join([_markdown(records), *notes])
     return f"{body}\n\n*{_escape(note)}*\n\n{lead}\n"
