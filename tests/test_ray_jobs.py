@@ -1,0 +1,429 @@
+"""Arms as Ray jobs (`--submit ray-jobs`, flows/ray_jobs.py).
+
+The first tests are plain functions (no Ray). The rest (marker `rayjobs`) start a real Ray head
+on 127.0.0.1 with its job server (tests/ray_cluster.py: its own temp dir, ports and auth token,
+stopped by its own pids at the end) and run `dapo sweep` / `dapo arm` as users do, with a store
+and a runs directory under the test's tmp dir. In file order: two arms submitted as jobs; a
+`dapo sweep` SIGKILLed mid-arm, whose job trains on and is adopted by `dapo arm` (trained once,
+its curve whole and once); a job server that does not answer; a job that cannot start (the
+interpreter lacks the package); a job stopped from outside; the hook of a cancelled flow run;
+the cluster stops leaving no process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from dapo_cli import DAPO, ROOT, SMALL, SMALL_OVERRIDES, store_env, stored_sweep
+from ray_cluster import RayCluster, ray_cluster
+
+from dapo_common.util import free_port
+from flows import ray_jobs
+
+TIMEOUT_S = 300
+JOBS = ("--submit", "ray-jobs")
+
+
+# --- plain functions -------------------------------------------------------------------------
+def test_submission_id_is_the_runs_key_not_the_attempts() -> None:
+    sid = ray_jobs.submission_id("0f1e2d3c-aaaa", 3, "clip_high=0.28", 1)
+    assert sid == "dapo-0f1e2d3c-aaaa-sweep3-clip_high=0.28-s1"
+    assert sid == ray_jobs.submission_id("0f1e2d3c-aaaa", 3, "clip_high=0.28", 1)
+    assert sid != ray_jobs.submission_id("0f1e2d3c-aaaa", 3, "clip_high=0.28", 2)
+
+
+def test_the_log_reader_parses_protocol_lines_and_waits_for_whole_lines() -> None:
+    seen: list[Any] = []
+    reader = ray_jobs.LogReader("grpo s0")
+    log = (
+        "2026-11-25 INFO job_manager.py:581 -- Runtime env is setting up.\n"
+        'dapo-job-progress {"step": 1, "steps": 2}\n'
+        'dapo-job-progress {"step": 2'
+    )
+    reader.feed(log, final=False, on_progress=seen.append)
+    assert seen == [{"step": 1, "steps": 2}]  # the half-written line waits
+    log += ', "steps": 2}\nsome warning\ndapo-job-result {"steps": 2}\n'
+    reader.feed(log, final=True, on_progress=seen.append)
+    assert seen[-1] == {"step": 2, "steps": 2} and reader.result == {"steps": 2}
+    assert reader.cause(None) == "some warning"  # Ray's own INFO line is not a cause
+    reader._error("ValueError: bad data")
+    assert reader.cause("Job failed") == "ValueError: bad data"
+
+
+def test_a_job_server_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RAY_ADDRESS", ray_jobs.API_SERVER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ray_jobs.JobServerDown, match="needs a Ray cluster with its job server"):
+        ray_jobs.connect(None)
+    with pytest.raises(ray_jobs.JobServerDown, match="needs a Ray cluster"):
+        ray_jobs.connect("local")
+
+
+def test_which_jobs_are_adopted() -> None:
+    from ray.job_submission import JobStatus
+
+    class FakeStore:
+        def get_run(self, run_id: int) -> dict[str, Any]:
+            return {7: {"status": "completed"}, 8: {"status": "cancelled"}}[run_id]
+
+    def job(status: JobStatus, run_id: int | None) -> Any:
+        return SimpleNamespace(status=status, metadata={"run_id": str(run_id)} if run_id else {})
+
+    store: Any = FakeStore()
+    assert ray_jobs.adoptable(job(JobStatus.RUNNING, 7), store)  # live: always
+    assert ray_jobs.adoptable(job(JobStatus.PENDING, None), store)
+    assert not ray_jobs.adoptable(job(JobStatus.SUCCEEDED, 7), store)  # recorded: a new job
+    assert ray_jobs.adoptable(job(JobStatus.SUCCEEDED, 8), store)  # nobody recorded it
+    assert not ray_jobs.adoptable(job(JobStatus.FAILED, 8), store)
+    assert not ray_jobs.adoptable(job(JobStatus.STOPPED, 8), store)
+
+
+def test_the_store_url_is_not_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.params import Resources
+
+    monkeypatch.delenv(ray_jobs.PYTHON_ENV, raising=False)
+    url = "postgresql+psycopg://dapo:SECRET@db:5432/dapo"
+    command = ray_jobs.entrypoint(12)
+    assert command.endswith(" -m flows.job_entry 12") and "SECRET" not in command
+    env = ray_jobs.job_env(url, {"arm": "grpo"}, Resources())
+    assert env["DAPO_DB_URL"] == url
+
+
+def test_the_forms_offer_the_choice() -> None:
+    """The dapo-sweep form: a drop-down, actors by default; the arm's: the sweep's by default."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.arm import ablation_arm
+    from flows.sweep import ablation_sweep
+
+    sweep = parameter_schema(ablation_sweep.fn).model_dump_for_openapi()["properties"]["submit"]
+    assert sweep["enum"] == list(ray_jobs.SUBMIT_MODES) == ["actors", "ray-jobs"]
+    assert sweep["default"] == "actors"
+    arm = parameter_schema(ablation_arm.fn).model_dump_for_openapi()["properties"]["submit"]
+    assert arm["default"] is None and "the sweep's" in arm["description"]
+
+
+# --- a real Ray head with its job server ------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    with ray_cluster(
+        tmp_path_factory.mktemp("ray-jobs"), nodes=1, cpus_per_node=2, job_server=True
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory, cluster: RayCluster) -> dict[str, Any]:
+    """One store and runs directory for the module; drivers join through RAY_ADDRESS."""
+    tmp = tmp_path_factory.mktemp("ray-jobs-work")
+    env = store_env(tmp, cluster.env, OMP_NUM_THREADS="1", RAY_ADDRESS=cluster.address)
+    return {"env": env, "url": env["DAPO_DB_URL"], "runs": tmp / "runs"}
+
+
+@pytest.fixture(scope="module")
+def sweep_id(work: dict[str, Any]) -> int:
+    """A sweep of one 2-step arm, stored as `dapo sweep --submit ray-jobs` stores one, for the
+    tests that run one arm of it."""
+    from db.store import Store
+    from flows.params import SweepParams
+
+    params = SweepParams(arms=["grpo"], steps=2, overrides=SMALL_OVERRIDES, submit="ray-jobs")
+    return stored_sweep(Store(work["url"]), params, "one arm")
+
+
+def dapo_bg(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`dapo ARGS` in a session of its own: a SIGKILL of the session reaches the temporary
+    Prefect server it starts as well (killed by the pid of the session it leads)."""
+    return subprocess.Popen(
+        [DAPO, *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], *, ok: bool = True) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            _kill_session(proc)
+            proc.communicate()
+    if ok:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-5000:]}"
+    return out, err
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, by its id
+
+
+@pytest.fixture(scope="module")
+def ray_env(cluster: RayCluster) -> Iterator[None]:
+    """This process as a client of the cluster (its token, its job server) while the module
+    runs; the environment is restored after."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+            patch.setenv(key, cluster.env[key])
+        patch.setenv(ray_jobs.API_SERVER_ENV, cluster.job_server)
+        yield
+
+
+def client(cluster: RayCluster) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    assert os.environ.get(ray_jobs.API_SERVER_ENV) == cluster.job_server, "use the ray_env fixture"
+    return JobSubmissionClient(cluster.job_server)
+
+
+def sweep_runs(url: str, sweep_id: int) -> list[dict[str, Any]]:
+    from db import reads
+    from db.engine import get_engine
+
+    engine = get_engine(url)
+    frame = reads.runs_of_sweep(engine, sweep_id)
+    return [reads.run_details(engine, int(r)) for r in frame["run_id"]]
+
+
+def latest_sweep(url: str) -> int:
+    from db import reads
+    from db.engine import get_engine
+
+    found = reads.latest_sweep_id(get_engine(url))
+    assert found is not None
+    return int(found)
+
+
+def check_curve(url: str, run_id: int, steps: int) -> None:
+    """Every step 1..steps has the same metric names, each once; evaluated at 0 and the end."""
+    from db import reads
+    from db.engine import get_engine
+
+    engine = get_engine(url)
+    curves = reads.metric_curves(engine, [run_id])
+    assert (curves.groupby(["step", "name"]).size() == 1).all()
+    names = {
+        step: {n for n in frame["name"] if not n.startswith("eval/")}
+        for step, frame in curves.groupby("step")
+    }
+    assert sorted(names) == list(range(1, steps + 1)), sorted(names)
+    assert all(names[s] == names[1] for s in names), "a step misses metrics"
+    assert sorted(reads.evaluations(engine, run_id)["step"]) == [0, steps]
+
+
+# The tests below speak to the head as its client (its token, its job server).
+on_the_head = pytest.mark.usefixtures("ray_env")
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_two_arms_run_as_ray_jobs(cluster: RayCluster, work: dict[str, Any]) -> None:
+    """Each arm × seed is one job keyed by its run, holding the arm's CPU; the flow streams
+    the job's progress and records the outcome."""
+    out, _ = finish(
+        dapo_bg(
+            work["env"],
+            "sweep",
+            "--arms",
+            "grpo",
+            "clip_higher",
+            "--steps",
+            "2",
+            *JOBS,
+            "--name",
+            "two-jobs",
+            *SMALL,
+        )
+    )
+    sweep = latest_sweep(work["url"])
+    done = sorted(sweep_runs(work["url"], sweep), key=lambda r: str(r["arm"]))
+    assert [(r["arm"], r["status"]) for r in done] == [
+        ("clip_higher", "completed"),
+        ("grpo", "completed"),
+    ]
+    from db.store import Store
+
+    store_id = Store(work["url"]).store_id
+    jobs = {j.submission_id: j for j in client(cluster).list_jobs()}
+    for run in done:
+        sid = ray_jobs.submission_id(store_id, sweep, str(run["arm"]), 0)
+        assert str(jobs[sid].status) == "SUCCEEDED" and jobs[sid].metadata["run_id"] == str(
+            run["id"]
+        )
+        assert jobs[sid].entrypoint.endswith(f"-m flows.job_entry {run['id']}")
+        assert "DAPO_DB_URL" not in jobs[sid].entrypoint
+        assert "(Ray job)" in str(run["host"])
+        check_curve(work["url"], int(run["id"]), 2)
+        assert f"submitted Ray job {sid}" in out
+        assert f"{run['arm']} s0  step 2/2" in out  # the job's progress, in the flow's log
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_a_killed_submitter_leaves_its_job_to_be_adopted(
+    cluster: RayCluster, work: dict[str, Any]
+) -> None:
+    """`dapo sweep` is SIGKILLed while its arm's job trains; the job trains on; `dapo arm`
+    finds it by its submission id and adopts it: trained once, the curve whole and once."""
+    steps = 6
+    proc = dapo_bg(
+        work["env"],
+        "sweep",
+        "--arms",
+        "grpo",
+        "--steps",
+        str(steps),
+        *JOBS,
+        "--name",
+        "adopt",
+        *SMALL,
+    )
+    jobs = client(cluster)
+    try:
+        # Wait for the job's first steps in the store, then kill the submitter mid-arm.
+        deadline = time.monotonic() + TIMEOUT_S
+        run: dict[str, Any] | None = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(Exception):
+                (run,) = sweep_runs(work["url"], latest_sweep(work["url"]))
+                if run["status"] == "running" and int(run.get("steps") or 0) >= 0:
+                    from db import reads
+                    from db.engine import get_engine
+
+                    curve = reads.metric_curves(get_engine(work["url"]), [int(run["id"])])
+                    if not curve.empty and curve["step"].max() >= 1:
+                        break
+            time.sleep(0.3)
+        assert proc.poll() is None, finish(proc, ok=False)
+        assert run is not None
+        _kill_session(proc)
+        proc.communicate()
+    finally:
+        if proc.poll() is None:
+            _kill_session(proc)
+            proc.communicate()
+    from db.store import Store
+
+    sweep = latest_sweep(work["url"])
+    sid = ray_jobs.submission_id(Store(work["url"]).store_id, sweep, "grpo", 0)
+    assert not jobs.get_job_status(sid).is_terminal(), "the job should outlive its submitter"
+
+    out, _ = finish(dapo_bg(work["env"], "arm", "--sweep", str(sweep), "--arm", "grpo"))
+    assert f"adopting Ray job {sid}" in out, out[-3000:]
+    assert "submitted Ray job" not in out
+    first, second = sorted(sweep_runs(work["url"], sweep), key=lambda r: int(r["attempt"]))
+    assert first["id"] == run["id"] and first["status"] == "cancelled"  # superseded
+    assert second["status"] == "completed" and second["steps"] == steps, second
+    check_curve(work["url"], int(second["id"]), steps)
+    # One job, one entrypoint, every step trained once (no step started twice).
+    (job,) = [j for j in jobs.list_jobs() if j.submission_id == sid]
+    assert str(job.status) == "SUCCEEDED" and job.metadata["run_id"] == str(first["id"])
+    log = jobs.get_job_logs(sid)
+    assert log.count("Running entrypoint for job") == 1
+    trained = [line for line in log.splitlines() if line.startswith(ray_jobs.PROGRESS)]
+    assert len(trained) == steps, trained
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_a_job_server_that_does_not_answer(
+    cluster: RayCluster, work: dict[str, Any], sweep_id: int
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    env = {**work["env"], ray_jobs.API_SERVER_ENV: down}
+    sweep = sweep_id
+    out, err = finish(
+        dapo_bg(env, "arm", "--sweep", str(sweep), "--arm", "grpo", "--force", *JOBS), ok=False
+    )
+    assert "does not answer" in out, (out[-3000:], err[-3000:])
+    line = f"the Ray job server at {down} does not answer"
+    (error,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert line in error, err[-3000:]
+    newest = max(sweep_runs(work["url"], sweep), key=lambda r: int(r["attempt"]))
+    assert newest["status"] == "failed" and line in str(newest["error"]).splitlines()[0]
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_a_job_that_cannot_start(cluster: RayCluster, work: dict[str, Any], sweep_id: int) -> None:
+    """The job's interpreter lacks the package: one line naming it, the run failed with that
+    line, the job over (nothing left running)."""
+    env = {**work["env"], ray_jobs.PYTHON_ENV: "/usr/bin/python3"}
+    sweep = sweep_id
+    _, err = finish(
+        dapo_bg(env, "arm", "--sweep", str(sweep), "--arm", "grpo", "--force", *JOBS), ok=False
+    )
+    newest = max(sweep_runs(work["url"], sweep), key=lambda r: int(r["attempt"]))
+    first_line = str(newest["error"]).splitlines()[0]
+    assert newest["status"] == "failed", newest
+    assert "No module named 'flows'" in first_line and "failed" in first_line, first_line
+    assert "No module named 'flows'" in err
+    from db.store import Store
+
+    sid = ray_jobs.submission_id(Store(work["url"]).store_id, sweep, "grpo", 0)
+    assert str(client(cluster).get_job_status(sid)) == "FAILED"
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_a_stopped_job_and_a_cancelled_flow_run(
+    cluster: RayCluster, work: dict[str, Any], sweep_id: int
+) -> None:
+    """watch() maps STOPPED onto JobStopped (a stop: the run ends cancelled); the arm flow's
+    on_cancellation hook stops the job of the attempt its flow run holds, and only that."""
+    from db.store import Store
+
+    jobs = client(cluster)
+    store = Store(work["url"])
+    sweep = sweep_id
+    sid = ray_jobs.submission_id(store.store_id, sweep, "grpo", 0)
+    with contextlib.suppress(Exception):
+        jobs.delete_job(sid)
+    jobs.submit_job(entrypoint="sleep 120", submission_id=sid, metadata={"run_id": "0"})
+    newest = max(sweep_runs(work["url"], sweep), key=lambda r: int(r["attempt"]))
+    attempt = store.resume_attempt(
+        sweep_id=sweep,
+        arm="grpo",
+        seed=0,
+        config=newest["config"],
+        config_hash=str(newest["config_hash"]),
+        after=int(newest["id"]),
+        resume_step=None,
+        checkpoint_dir=str(newest["checkpoint_dir"]),
+        flow_run_id="flow-run-a",
+    )
+    params = {"store_url": work["url"], "sweep_id": sweep, "arm": "grpo", "seed": 0}
+    other = SimpleNamespace(id="flow-run-b", parameters=params)
+    ray_jobs.stop_on_cancel(None, other, None)  # not the holder's flow run: left alone
+    assert not jobs.get_job_status(sid).is_terminal()
+    ray_jobs.stop_on_cancel(None, SimpleNamespace(id="flow-run-a", parameters=params), None)
+    with pytest.raises(ray_jobs.JobStopped, match="was stopped"):
+        ray_jobs.watch(jobs, sid, label="grpo s0", poll_s=0.2)
+    from flows import plan
+
+    assert plan.is_stop(ray_jobs.JobStopped("x"))
+    store.end_attempt(attempt.run_id, "cancelled", error="test over")
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+def test_the_cluster_stops_leaving_no_process(cluster: RayCluster) -> None:
+    cluster.stop()
+    assert cluster.processes() == {}
