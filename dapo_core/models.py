@@ -6,12 +6,14 @@ padding, a pad token, the configured dtype, on `device`.
 The tiny model (`model.name_or_path = "tiny"`) is a Llama-style decoder built from the sizes in
 ModelConfig, with a tokenizer made here with the `tokenizers` library: one token per character
 plus `Answer:` as one token. It is warm-started by a deterministic supervised phase on worked
-solutions of the synthetic task (dapo_core.data.synthetic) so that RL starts from mixed rewards, and
-the result is cached on disk under `$DAPO_CACHE_DIR` (default: the user cache directory of
-`dapo-lab`), keyed by a hash of everything that determines the weights. A file lock makes
-concurrent processes (Ray actors training several arms at once) build it once and share it.
-The cached model is an ordinary `save_pretrained` directory, loaded with AutoModelForCausalLM /
-AutoTokenizer exactly like a checkpoint.
+solutions of the synthetic task (dapo_core.data.synthetic) so that RL starts from mixed rewards;
+`tiny-explore` is the same model warm-started on the demonstrations of the explore task
+(dapo_core.data.explore) instead (TINY_TASKS). The result is cached on disk under
+`$DAPO_CACHE_DIR` (default: the user cache directory of `dapo-lab`), keyed by a hash of
+everything that determines the weights. A file lock makes concurrent processes (Ray actors
+training several arms at once) build it once and share it. The cached model is an ordinary
+`save_pretrained` directory, loaded with AutoModelForCausalLM / AutoTokenizer exactly like a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from dapo_core.cache import cache_root, quiet_progress
-from dapo_core.data import synthetic
+from dapo_core.data import explore, synthetic
 from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
 from dapo_core.setup.config import ModelConfig, is_local_path
 
@@ -41,6 +43,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TINY = "tiny"
+TINY_EXPLORE = "tiny-explore"
+
+
+class _DemoTask(Protocol):
+    """What a warm start needs of an embedded task (a module: dapo_core.data.synthetic, ...)."""
+
+    @property
+    def RECIPE(self) -> tuple[object, ...]: ...  # read-only: a module's constant satisfies it
+
+    def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]: ...
+
+
+TINY_TASKS: dict[str, _DemoTask] = {TINY: synthetic, TINY_EXPLORE: explore}
+"""The tiny models by name, each with the task whose demonstrations warm-start it."""
 TINY_BUILD_VERSION = 1
 """Bump when the tiny model's architecture, tokenizer or warm-start recipe changes."""
 WARM_START_SEED = 0
@@ -76,7 +92,7 @@ def policy_source(model_cfg: ModelConfig) -> str:
     from dapo_core import real_model
 
     name = model_cfg.name_or_path
-    if name == TINY:
+    if name in TINY_TASKS:
         path = tiny_model_dir(model_cfg)
     elif name == real_model.NAME:  # converted once per machine by `make real-model`
         path = real_model.model_dir()
@@ -159,7 +175,7 @@ def tiny_cache_key(model_cfg: ModelConfig) -> str:
     """Hash of everything that determines the warm-started weights (not dtype or device)."""
     blob = {
         "build": TINY_BUILD_VERSION,
-        "task": list(synthetic.RECIPE),
+        "task": list(_task(model_cfg).RECIPE),
         "seed": WARM_START_SEED,
         "vocab": tiny_vocab(),
         "hidden_size": model_cfg.hidden_size,
@@ -172,6 +188,10 @@ def tiny_cache_key(model_cfg: ModelConfig) -> str:
     }
     text = json.dumps(blob, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _task(model_cfg: ModelConfig) -> _DemoTask:
+    return TINY_TASKS[model_cfg.name_or_path]
 
 
 def tiny_model_dir(model_cfg: ModelConfig) -> Path:
@@ -260,7 +280,9 @@ def build_tiny_model(model_cfg: ModelConfig, out: Path) -> dict[str, Any]:
         torch.manual_seed(WARM_START_SEED)
         model = LlamaForCausalLM(config)
         t0 = time.perf_counter()
-        stats = warm_start(model, tokenizer, model_cfg.warm_start_steps, WarmStartRecipe())
+        stats = warm_start(
+            model, tokenizer, model_cfg.warm_start_steps, WarmStartRecipe(), _task(model_cfg)
+        )
     stats["seconds"] = round(time.perf_counter() - t0, 2)
     stats["params"] = sum(p.numel() for p in model.parameters())
     model.generation_config.eos_token_id = vocab[EOS]
@@ -283,13 +305,18 @@ class WarmStartRecipe:
 
 
 def warm_start(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int, recipe: WarmStartRecipe
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    steps: int,
+    recipe: WarmStartRecipe,
+    task: _DemoTask = synthetic,
 ) -> dict[str, Any]:
-    """Teacher-forced next-token loss on worked solutions (prompt tokens masked), AdamW with
-    linear warm-up and cosine decay. Deterministic: fixed data seed, torch seeded by the caller."""
+    """Teacher-forced next-token loss on the task's demonstrations, read in order (prompt tokens
+    masked), AdamW with linear warm-up and cosine decay. Deterministic: fixed data seed, torch
+    seeded by the caller."""
     if steps == 0:
         return {"steps": 0, "final_loss": None}
-    examples = synthetic.demonstrations(steps * recipe.batch_size, WARM_START_SEED)
+    examples = task.demonstrations(steps * recipe.batch_size, WARM_START_SEED)
     eos = int(tokenizer.eos_token_id)  # type: ignore[arg-type]
     pad = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)

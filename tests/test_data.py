@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_core.algo.rewards import math_score
-from dapo_core.data import arithmetic, synthetic
+from dapo_core.data import arithmetic, explore, synthetic
 from dapo_core.data.loaders import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
@@ -44,6 +44,8 @@ EXPECTED_ROWS = {
     "synthetic-eval": synthetic.EVAL_SIZE,
     "arithmetic": arithmetic.TRAIN_SIZE,
     "arithmetic-eval": arithmetic.EVAL_SIZE,
+    "explore": explore.TRAIN_SIZE,
+    "explore-eval": explore.EVAL_SIZE,
     "dapo-math-17k": 17_276,
     "aime2024": 30,
     "aime2025": 30,

@@ -26,6 +26,7 @@ when the micro-batch is the whole mini-batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,7 +34,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 
 Count = int | float | Tensor
 
@@ -282,6 +283,24 @@ def _token_log_ratio(logprobs: Tensor, old: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, logprobs - old, torch.zeros_like(logprobs))
 
 
+def clip_eligible(old_logprobs: Tensor, advantages: Tensor, *, clip_high: float) -> Tensor:
+    """Tokens that could ever reach the upper clip bound, `[B, T]` bool: A > 0 and an old
+    probability p below 1 / (1 + ε_high).
+
+    Why: the ratio r = π_θ / π_θold of a token sampled at old probability p is at most 1 / p
+    (π_θ ≤ 1), so r > 1 + ε_high needs p < 1 / (1 + ε_high): 0.83 at ε_high = 0.2, 0.78 at
+    0.28. Only these tokens, and only with a positive advantage (the upper bound binds the
+    surrogate only where A > 0, Eq. 10), can Clip-Higher act on; a task where nearly every
+    rewarded token is likely gives it nothing to do, whatever ε_high (DAPO §3.1, Fig. 3a: the
+    up-clipped tokens have π < 0.2). The share of such tokens is the room the upper bound has;
+    `clip_ratio/high` is how much of that room the update used.
+
+    `old_logprobs` and `advantages` `[B, T]` (or any common shape); compared in log space,
+    log p < −log(1 + ε_high), so no probability underflows.
+    """
+    return (advantages > 0) & (old_logprobs < -math.log1p(clip_high))
+
+
 def _clipped(
     ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor]:
@@ -407,6 +426,9 @@ class LossCounts:
     """Tokens bounded by the dual clip."""
     sum_kl: float
     """Σ old_logprobs − logprobs (the k1 estimate's numerator)."""
+    clip_eligible: float = 0.0
+    """Tokens that could reach the upper clip bound: A > 0 and old p < 1 / (1 + ε_high)
+    (`clip_eligible`)."""
 
 
 def policy_loss(
@@ -461,6 +483,9 @@ def policy_loss(
             r < 1 − ε_low, any A);
           * ``clip_ratio/dual``: fraction with A < 0 where −A·c is the active bound (r > c;
             always 0 for gspo and cispo);
+          * ``clip_ratio/high_eligible``: fraction of tokens that could reach the upper bound
+            at all, A > 0 and old probability below 1 / (1 + ε_high) (see `clip_eligible`;
+            the same rule for every loss mode: it is about the tokens, not the mode's ratio);
           * ``losses/approx_kl``: mean of old_logprobs − logprobs, the k1 estimate of
             KL(π_old ‖ π_θ) on tokens sampled from π_old;
           * ``losses/policy_loss``: the loss value.
@@ -515,9 +540,10 @@ def policy_loss(
                 (tl.clip_dual & m).sum().double(),
                 torch.where(m, old - logprobs.detach(), torch.zeros_like(old)).sum().double(),
                 loss.detach().double(),
+                (clip_eligible(old, adv, clip_high=clip_high) & m).sum().double(),
             ]
         )
-        n, n_high, n_low, n_dual, sum_kl, loss_value = sums.tolist()
+        n, n_high, n_low, n_dual, sum_kl, loss_value, n_eligible = sums.tolist()
 
     def frac(x: float) -> float:
         return x / n if n > 0 else float("nan")
@@ -526,10 +552,11 @@ def policy_loss(
         M.CLIP_RATIO_HIGH: frac(n_high),
         M.CLIP_RATIO_LOW: frac(n_low),
         M.CLIP_RATIO_DUAL: frac(n_dual),
+        M.CLIP_RATIO_HIGH_ELIGIBLE: frac(n_eligible),
         M.APPROX_KL: frac(sum_kl),
         M.POLICY_LOSS: loss_value,
     }
-    return loss, metrics, LossCounts(n, n_high, n_low, n_dual, sum_kl)
+    return loss, metrics, LossCounts(n, n_high, n_low, n_dual, sum_kl, n_eligible)
 
 
 def entropy_bonus(

@@ -6,6 +6,9 @@
     synthetic-eval  its held-out set, 256 distinct problems disjoint from training
     arithmetic      easy addition in words for the real model (dapo_core.data.arithmetic), 2,048
     arithmetic-eval its held-out set, 96 distinct problems disjoint from training
+    explore         the second embedded task (dapo_core.data.explore): a fork at the first
+                    response token, rewarded tokens rare; 4,096 problems
+    explore-eval    its held-out set, 256 distinct problems disjoint from training
     dapo-math-17k   DAPO-Math-17k (shipped), de-duplicated with a report
     aime2024        AIME 2024, 30 problems (shipped)
     aime2025        AIME 2025, 30 problems (shipped)
@@ -37,7 +40,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo_core.data import arithmetic, synthetic
+from dapo_core.data import arithmetic, explore, synthetic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -106,7 +109,32 @@ NAMED: dict[str, _Named] = {
 }
 SYNTHETIC, SYNTHETIC_EVAL = "synthetic", "synthetic-eval"
 ARITHMETIC, ARITHMETIC_EVAL = "arithmetic", "arithmetic-eval"
-KNOWN: tuple[str, ...] = (SYNTHETIC, SYNTHETIC_EVAL, ARITHMETIC, ARITHMETIC_EVAL, *NAMED)
+EXPLORE, EXPLORE_EVAL = "explore", "explore-eval"
+KNOWN: tuple[str, ...] = (
+    SYNTHETIC,
+    SYNTHETIC_EVAL,
+    ARITHMETIC,
+    ARITHMETIC_EVAL,
+    EXPLORE,
+    EXPLORE_EVAL,
+    *NAMED,
+)
+# Response positions where a named task takes its decision (the trainer reports the entropy
+# there beside the mean, `entropy/decision`); a task that names none is absent.
+DECISION_POSITIONS: dict[str, tuple[int, ...]] = {
+    EXPLORE: explore.DECISION_POSITIONS,
+    EXPLORE_EVAL: explore.DECISION_POSITIONS,
+}
+
+
+def decision_positions(name_or_path: str) -> tuple[int, ...]:
+    """The response positions (0-based) where the data set's task takes its decision; () when
+    it names none (every data set but the explore task's)."""
+    return DECISION_POSITIONS.get(_key(name_or_path), ())
+
+
+def _key(name_or_path: str) -> str:
+    return name_or_path.strip().lower().replace("_", "-")
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -123,7 +151,7 @@ def load_problems_with_report(
     name_or_path: str, seed: int = 0
 ) -> tuple[list[Problem], DedupReport | None]:
     """load_problems plus the de-duplication report (None for the generated synthetic sets)."""
-    key = name_or_path.strip().lower().replace("_", "-")
+    key = _key(name_or_path)
     if key == SYNTHETIC:
         tasks = synthetic.train_tasks(synthetic.TRAIN_SIZE, seed)
         return [Problem(t.text, str(t.answer), SYNTHETIC, i) for i, t in enumerate(tasks)], None
@@ -140,6 +168,12 @@ def load_problems_with_report(
         return [
             Problem(t.text, str(t.answer), ARITHMETIC_EVAL, i) for i, t in enumerate(adds)
         ], None
+    if key == EXPLORE:
+        forks = explore.train_tasks(explore.TRAIN_SIZE, seed)
+        return [Problem(t.text, str(t.answer), EXPLORE, i) for i, t in enumerate(forks)], None
+    if key == EXPLORE_EVAL:
+        forks = explore.eval_tasks()
+        return [Problem(t.text, str(t.answer), EXPLORE_EVAL, i) for i, t in enumerate(forks)], None
     if key in NAMED:
         path, label, source = _named_path(key), NAMED[key].file, key
     else:

@@ -1,7 +1,7 @@
 """Model architectures for the memory plan: the sizes that decide how many bytes a model needs.
 
 `resolve_architecture(model_cfg)` reads them, in this order, from:
-1. `tiny`: the embedded model's own sizes (ModelConfig) and its character vocabulary;
+1. `tiny` (or `tiny-explore`): the embedded model's own sizes (ModelConfig) and its character vocabulary;
 2. a local model directory's `config.json`;
 3. the Hugging Face hub cache (`config.json` of a hub name, when it was downloaded before);
 4. the table below of known architectures, so that `dapo plan` answers offline.
@@ -189,7 +189,7 @@ KNOWN["smollm2-135m"] = Architecture(
 def resolve_architecture(model: ModelConfig) -> Architecture:
     """The architecture of `model.name_or_path` (see the module docstring for the order)."""
     name = model.name_or_path
-    if name == "tiny":
+    if name in TINY_MODELS:
         return tiny_architecture(model)
     path = Path(name).expanduser()
     if is_local_path(name) and not path.exists():
@@ -211,6 +211,10 @@ def resolve_architecture(model: ModelConfig) -> Architecture:
         "give a model directory with a config.json"
     )
 
+
+# The embedded tiny models (dapo_core.models.TINY_TASKS): one architecture, warm-started on
+# different tasks (`tiny`: running sums; `tiny-explore`: dapo_core.data.explore).
+TINY_MODELS: tuple[str, ...] = ("tiny", "tiny-explore")
 
 # The embedded model's word-level vocabulary, part of its architecture: dapo_core.models
 # builds its tokenizer from it, and the plan sizes its embedding by it.

@@ -1,7 +1,8 @@
 """Presets: base configurations the ladder's arms are built on.
 
 `tiny` is the embedded default (no GPU, no network: a tiny Llama-style model warm-started on a
-synthetic integer-answer task, 2 CPU cores). The others are real runs with the same code path:
+synthetic integer-answer task, 2 CPU cores); `explore` is the same machinery on a second
+embedded task built so that each mechanism of the ladder has something to act on. The others are real runs with the same code path:
 each names the recipe its numbers follow, HARDWARE the GPUs `dapo plan` accepts it on (a test
 checks every one), and its comment an estimated cost (the assumptions are in COST).
 """
@@ -59,6 +60,36 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optim.warmup_updates": 4,
         "data.train": "synthetic",
         "data.eval": "synthetic-eval",
+        "data.eval_k": 4,
+        "data.eval_problems": 256,
+        "data.eval_every": 10,
+        "data.prompt_template": "raw",
+        "run.steps": 150,
+        "run.device": "cpu",
+    },
+    # The second embedded task (dapo_core.data.explore): the tiny model warm-started on a task
+    # with a fork at the first response token (answer at once, right about 1 time in 7; or
+    # write the working, rare after the warm start and right far more often), so that rewarded
+    # tokens are rare and each mechanism has work to do. Same sizes and budget as `tiny`:
+    # L_max 44 with L_cache 6 puts the penalty and the budget on six-term worked answers, right
+    # ones too. lr and steps are calibrated (docs/explore.md).
+    "explore": {
+        "model.name_or_path": "tiny-explore",
+        "model.warm_start_steps": 900,
+        "rollout.engine": "hf",
+        "rollout.group_size": 8,
+        "rollout.max_response_len": 44,
+        "algo.overlong_cache_len": 6,
+        "batch.train_batch_size": 16,
+        "batch.gen_batch_size": 16,
+        "batch.mini_batch_size": 4,
+        "batch.micro_batch_size": 64,
+        "algo.ppo_epochs": 2,
+        "optim.lr": 1e-4,
+        "optim.weight_decay": 0.0,
+        "optim.warmup_updates": 4,
+        "data.train": "explore",
+        "data.eval": "explore-eval",
         "data.eval_k": 4,
         "data.eval_problems": 256,
         "data.eval_every": 10,

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from dapo_core import metric_names as M
+from dapo_common import metric_names as M
 from dapo_core.algo.correction import rollout_correction
 from dapo_core.algo.losses import (
     Aggregation,
@@ -35,6 +35,7 @@ from dapo_core.algo.losses import (
     policy_loss,
 )
 from dapo_core.algo.overlong import overlong_filter_mask
+from dapo_core.data.loaders import decision_positions
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import (
     Packed,
@@ -64,6 +65,12 @@ class Counts:
     sum_kl: float = 0.0  # Σ (old − new) log-prob: k1 of KL(old ‖ new)
     entropy_sum: float = 0.0  # Σ entropy of the loss tokens; counted on the filled pass only
     seq_tokens: float = 0.0  # prompt + response tokens through forward + backward
+    # Last, so that the fields above keep their places in as_tensor (the sums travel as one
+    # tensor over ranks): loss tokens that could reach the upper clip bound (clip_eligible),
+    # and the entropy sum and count at the task's decision positions (filled pass only).
+    clip_eligible: float = 0.0
+    decision_entropy_sum: float = 0.0
+    decision_tokens: float = 0.0
 
     def add(self, other: Counts) -> None:
         for f in fields(self):
@@ -89,11 +96,14 @@ class UpdateStats:
     nonfinite: int = 0  # skipped: NaN / inf loss or gradient
     trailing_nonfinite: int = 0  # of those, the ones after the last applied update
     filled_entropy: tuple[float, float] = (0.0, 0.0)  # Σ entropy, tokens: see Updater.run
+    filled_decision: tuple[float, float] = (0.0, 0.0)  # the same at the decision positions
     long_shares: list[float] = field(default_factory=list)  # per mini-batch, see long_share
     truncated_shares: list[float] = field(default_factory=list)  # per mini-batch, likewise
     counts: Counts | None = None
     mismatch: dict[str, float] | None = None  # rollout_correction's sums over the batch
     old_entropy: float = math.nan  # entropy of the batch under the policy that sampled it
+    # ... at the task's decision positions; None when the task names none (not logged then)
+    decision_entropy: float | None = None
     old_logprob_s: float = 0.0
     update_s: float = 0.0
 
@@ -105,6 +115,7 @@ class UpdateStats:
         def frac(x: float, n: float) -> float:
             return x / n if n else math.nan
 
+        extra = {} if self.decision_entropy is None else {M.ENTROPY_DECISION: self.decision_entropy}
         return {
             M.POLICY_LOSS: self.policy_loss,
             M.KL_LOSS: self.kl_loss,
@@ -113,6 +124,7 @@ class UpdateStats:
             M.CLIP_RATIO_HIGH: frac(c.clip_high, c.tokens),
             M.CLIP_RATIO_LOW: frac(c.clip_low, c.tokens),
             M.CLIP_RATIO_DUAL: frac(c.clip_dual, c.tokens),
+            M.CLIP_RATIO_HIGH_ELIGIBLE: frac(c.clip_eligible, c.tokens),
             M.ENTROPY_MEAN: self.old_entropy,
             M.MISMATCH_ABS_LOGP: frac(mm.get("mismatch_abs", 0.0), n_mm),
             M.MISMATCH_KL: frac(mm.get("mismatch_k3", 0.0), n_mm),
@@ -123,6 +135,7 @@ class UpdateStats:
             M.OLD_LOGPROB_S: self.old_logprob_s,
             M.UPDATE_S: self.update_s,
             M.UPDATE_TOKENS_PER_S: c.seq_tokens / self.update_s if self.update_s else 0.0,
+            **extra,
         }
 
 
@@ -154,6 +167,9 @@ class Updater:
         self.nonfinite_carried = 0
         self.params = [p for p in fwd.model.parameters() if p.requires_grad]
         self.agg = get_aggregation(cfg.algo.loss_agg)
+        # Response positions where the task takes its decision (the explore task's fork): the
+        # entropy there is reported beside the mean (entropy/decision); () for most tasks.
+        self.decision = decision_positions(cfg.data.train)
         self._packed: bool | None = None  # the packed layout, once the model passed the probe
         self._dropout = has_dropout(fwd.model)
         policy = getattr(fwd.model, "policy", fwd.model)  # a LogprobModel wraps the causal LM
@@ -190,7 +206,7 @@ class Updater:
         t0 = time.perf_counter()
         first = self.first_minibatch(seqs, n_groups, shuffle) if self.reuses_first_forward else []
         with self.memory.phase("logprob"):
-            ent_sum, ent_n = self._old_pass(seqs, skip=set(first))
+            ent_sum, ent_n, dec_sum, dec_n = self._old_pass(seqs, skip=set(first))
         mismatch = None if first else self.correct(seqs)
         t1 = time.perf_counter()
         with self.memory.phase("update"):
@@ -200,6 +216,9 @@ class Updater:
             mismatch = self.correct(seqs)
         ent_sum, ent_n = ent_sum + stats.filled_entropy[0], ent_n + stats.filled_entropy[1]
         stats.old_entropy = ent_sum / ent_n if ent_n > 0 else math.nan
+        if self.decision:
+            dec_sum, dec_n = dec_sum + stats.filled_decision[0], dec_n + stats.filled_decision[1]
+            stats.decision_entropy = dec_sum / dec_n if dec_n > 0 else math.nan
         stats.mismatch = mismatch
         stats.old_logprob_s = (t1 - t0) + (time.perf_counter() - t2)
         stats.update_s = t2 - t1
@@ -234,14 +253,14 @@ class Updater:
     def old_logprobs(self, seqs: list[Seq]) -> float:
         """Fill each Seq's old (and reference) log-probs; returns the mean entropy over every
         response token of the batch."""
-        ent_sum, ent_n = self._old_pass(seqs, skip=set())
+        ent_sum, ent_n, _, _ = self._old_pass(seqs, skip=set())
         return ent_sum / ent_n if ent_n > 0 else math.nan
 
     @torch.no_grad()
-    def _old_pass(self, seqs: list[Seq], skip: set[int]) -> tuple[float, float]:
+    def _old_pass(self, seqs: list[Seq], skip: set[int]) -> tuple[float, float, float, float]:
         """Old (and reference) log-probs of every Seq but those in `skip`; returns the entropy
-        sum and token count over their response tokens, summed over ranks. Each rank scores
-        its share; the rows are then gathered."""
+        sum and token count over their response tokens, then over their decision positions,
+        summed over ranks. Each rank scores its share; the rows are then gathered."""
         model = self.fwd.model
         was_training = model.training
         model.eval()
@@ -251,7 +270,7 @@ class Updater:
         mine = shard(todo, rank, world)
         passes = math.ceil(math.ceil(len(todo) / world) / mb)
         rows: dict[int, tuple[Tensor, Tensor | None]] = {}
-        ent_sum = ent_n = 0.0
+        ent_sum = ent_n = dec_sum = dec_n = 0.0
         self._layout()  # the packing probe runs on every rank at the same point (FSDP)
         try:
             for i in range(passes):
@@ -265,6 +284,9 @@ class Updater:
                 lp, ent = self.fwd(packed)
                 ent_sum += float((ent * packed.response_mask).sum())
                 ent_n += float(packed.response_mask.sum())
+                if self.decision:
+                    s, n = decision_sums(packed.per_seq(ent), packed.loss_mask, self.decision)
+                    dec_sum, dec_n = dec_sum + s, dec_n + n
                 ref = None
                 if self.ref_model is not None:
                     ref = gather_rows(self.fwd(packed, self.ref_model)[0], packed)
@@ -277,8 +299,10 @@ class Updater:
                 seqs[j].old_logprobs = old
                 if ref_row is not None:
                     seqs[j].ref_logprobs = ref_row
-        totals = self.dist.all_reduce_sum(torch.tensor([ent_sum, ent_n], dtype=torch.float64))
-        return float(totals[0]), float(totals[1])
+        totals = self.dist.all_reduce_sum(
+            torch.tensor([ent_sum, ent_n, dec_sum, dec_n], dtype=torch.float64)
+        )
+        return float(totals[0]), float(totals[1]), float(totals[2]), float(totals[3])
 
     # --- 6: μ passes over mini-batches ---------------------------------------------------
     def update(
@@ -344,6 +368,7 @@ class Updater:
                     # here: no rollout-correction mask), for the batch's entropy under θ_old.
                     c = Counts.from_tensor(totals[2:])
                     stats.filled_entropy = (c.entropy_sum, c.tokens)
+                    stats.filled_decision = (c.decision_entropy_sum, c.decision_tokens)
                 norm = self._grad_norm()
                 if not (math.isfinite(norm) and math.isfinite(float(totals[0]))):
                     # Skipped, not applied: one bad batch must not poison the weights.
@@ -461,6 +486,9 @@ class Updater:
             loss = loss + a.kl_coef * kl
             kl_value = float(kl.detach())
         (loss * self.dist.world_size).backward()
+        dec_sum = dec_n = 0.0
+        if fill and self.decision:  # like entropy_sum: this pass stands in for the old pass
+            dec_sum, dec_n = decision_sums(ent.detach(), loss_mask, self.decision)
         counts.add(
             Counts(
                 tokens=lc.tokens,
@@ -471,6 +499,9 @@ class Updater:
                 # Read only where this pass stands in for the old-log-prob pass (see run).
                 entropy_sum=float((ent.detach() * loss_mask).sum()) if fill else 0.0,
                 seq_tokens=float(packed.tokens),
+                clip_eligible=lc.clip_eligible,
+                decision_entropy_sum=dec_sum,
+                decision_tokens=dec_n,
             )
         )
         return torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64), olds
@@ -559,6 +590,17 @@ def has_dropout(model: torch.nn.Module) -> bool:
                 if key.endswith("dropout") and isinstance(value, int | float) and value > 0:
                     return True
     return False
+
+
+def decision_sums(entropy: Tensor, mask: Tensor, positions: Sequence[int]) -> tuple[float, float]:
+    """Σ entropy and the token count at the given response positions, over the rows of `mask`
+    that reach them: `entropy` and `mask` `[B, T]`, one sequence per row, position t the
+    sequence's t-th response token (a position past the end of every row counts nothing)."""
+    cols = [t for t in positions if t < entropy.shape[1]]
+    if not cols:
+        return 0.0, 0.0
+    m = mask[:, cols].float()
+    return float((entropy[:, cols] * m).sum()), float(m.sum())
 
 
 def weight_share(agg: Aggregation, token_counts: Sequence[int], chosen: Sequence[bool]) -> float:
