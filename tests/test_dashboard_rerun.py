@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dapo_common.util import free_port
 from dashboard import cli, rerun
 
 API = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
@@ -157,7 +158,8 @@ def test_cli_runs_streamlit_headless_with_the_store_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    args = _parser().parse_args(["dashboard", "--store", url, "--port", "8599"])
+    port = str(free_port())  # a fixed port may be taken on a shared machine
+    args = _parser().parse_args(["dashboard", "--store", url, "--port", port])
     seen: dict[str, Any] = {}
 
     class FakeStreamlit:
@@ -176,11 +178,11 @@ def test_cli_runs_streamlit_headless_with_the_store_url(
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
     assert cmd[4] == str(Path(cli.__file__).with_name("app.py"))
     assert cmd[cmd.index("--server.headless") + 1] == "true"
-    assert cmd[cmd.index("--server.port") + 1] == "8599"
+    assert cmd[cmd.index("--server.port") + 1] == port
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     assert url not in cmd and "--url" not in cmd  # the store goes by environment (issue 21.7)
     assert seen["env"]["DAPO_DB_URL"] == url
-    assert "http://127.0.0.1:8599" in capsys.readouterr().out
+    assert f"http://127.0.0.1:{port}" in capsys.readouterr().out
     assert (tmp_path / "store.db").exists()  # the store was opened (and migrated) first
 
 

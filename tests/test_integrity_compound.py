@@ -126,14 +126,22 @@ def test_dashboard_keeps_the_store_password_off_streamlits_command_line(
     url = schema_url.replace("@", f":{secret}@", 1)
     parser = argparse.ArgumentParser(prog="dapo")
     cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["dashboard", "--store", url, "--port", "8598"])
+    from dapo_common.util import free_port
+
+    args = parser.parse_args(["dashboard", "--store", url, "--port", str(free_port())])
     seen: dict[str, Any] = {}
 
-    def fake_call(cmd: list[str], env: dict[str, str]) -> int:
-        seen.update(cmd=cmd, env=env)
-        return 0
+    class FakeStreamlit:  # what would start Streamlit: the command and environment it gets
+        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+            seen.update(cmd=cmd, env=env)
 
-    monkeypatch.setattr(cli.subprocess, "call", fake_call)
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(cli.subprocess, "Popen", FakeStreamlit)
     assert args.func(args) == 0
     assert not any(secret in part for part in seen["cmd"]), seen["cmd"]
     assert secret not in capsys.readouterr().out
