@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import random
 
-from dapo_core.data.synthetic import SumTask, is_held_out
+from dapo_core.data.synthetic import SumTask, split_tasks
 
 TASK_VERSION = 1
 """Bump when the task's text, distribution or demonstrations change: it keys the warm-start
@@ -108,26 +108,13 @@ def draw_task(rng: random.Random) -> SumTask:
 
 def train_tasks(n: int, seed: int) -> list[SumTask]:
     """n problems from the training split (repeats allowed)."""
-    rng = random.Random(f"dapo-explore-train-{seed}")
-    out: list[SumTask] = []
-    while len(out) < n:
-        task = draw_task(rng)
-        if not is_held_out(task):
-            out.append(task)
-    return out
+    return split_tasks(n, random.Random(f"dapo-explore-train-{seed}"), draw_task, held_out=False)
 
 
 def eval_tasks(n: int = EVAL_SIZE) -> list[SumTask]:
     """n distinct held-out problems, the same for every seed."""
     rng = random.Random(f"dapo-explore-eval-{EVAL_SEED}")
-    seen: set[tuple[int, ...]] = set()
-    out: list[SumTask] = []
-    while len(out) < n:
-        task = draw_task(rng)
-        if is_held_out(task) and task.terms not in seen:
-            seen.add(task.terms)
-            out.append(task)
-    return out
+    return split_tasks(n, rng, draw_task, held_out=True)
 
 
 def at_once(answer: int) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 TASK_VERSION = 4
@@ -133,28 +134,32 @@ def draw_task(rng: random.Random) -> SumTask:
     return SumTask((rng.randint(10, 49), *(rng.randint(1, 9) for _ in range(k - 1))))
 
 
-def train_tasks(n: int, seed: int) -> list[SumTask]:
-    """n problems from the training split (repeats allowed: small problems are few)."""
-    rng = random.Random(f"dapo-synthetic-train-{seed}")
+def split_tasks(
+    n: int, rng: random.Random, draw: Callable[[random.Random], SumTask], *, held_out: bool
+) -> list[SumTask]:
+    """n problems drawn with `draw` from one side of the split that every sums task shares
+    (is_held_out): the training side with repeats (small problems are few), the held-out side
+    distinct."""
+    seen: set[tuple[int, ...]] = set()
     out: list[SumTask] = []
     while len(out) < n:
-        task = draw_task(rng)
-        if not is_held_out(task):
-            out.append(task)
+        task = draw(rng)
+        if is_held_out(task) != held_out or (held_out and task.terms in seen):
+            continue
+        seen.add(task.terms)
+        out.append(task)
     return out
+
+
+def train_tasks(n: int, seed: int) -> list[SumTask]:
+    """n problems from the training split (repeats allowed)."""
+    return split_tasks(n, random.Random(f"dapo-synthetic-train-{seed}"), draw_task, held_out=False)
 
 
 def eval_tasks(n: int = EVAL_SIZE) -> list[SumTask]:
     """n distinct held-out problems, the same for every seed."""
     rng = random.Random(f"dapo-synthetic-eval-{EVAL_SEED}")
-    seen: set[tuple[int, ...]] = set()
-    out: list[SumTask] = []
-    while len(out) < n:
-        task = draw_task(rng)
-        if is_held_out(task) and task.terms not in seen:
-            seen.add(task.terms)
-            out.append(task)
-    return out
+    return split_tasks(n, rng, draw_task, held_out=True)
 
 
 def demonstration(task: SumTask, rng: random.Random) -> str:
