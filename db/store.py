@@ -528,18 +528,7 @@ class Store:
             )
         values = _run_values("end_attempt", {**fields, "status": status})
 
-        def work() -> int:
-            with write_transaction(self.engine) as conn:
-                result = conn.execute(
-                    sa.update(RUNS)
-                    .where(RUNS.c.id == int(run_id), RUNS.c.superseded_by.is_(None))
-                    .values(**values)
-                )
-                if result.rowcount == 0 and _missing(conn, run_id):
-                    raise NotFound(f"no run with id {run_id} in {self.where}")
-                return int(result.rowcount)
-
-        return self._retry(work, outage_s=outage_s) > 0
+        return self._update_current(run_id, values, outage_s=outage_s)
 
     def supersede(self, run_id: int, by: int, why: str) -> bool:
         """Record that the newer attempt `by` took over from attempt `run_id` (superseded_by);
@@ -594,6 +583,14 @@ class Store:
         has taken the run over (its lease went stale and another process claimed the arm):
         the caller no longer holds it and must stop training."""
         values = {"wall_s": float(seconds), "updated_at": utcnow()}
+
+        return self._update_current(run_id, values, outage_s=outage_s)
+
+    def _update_current(
+        self, run_id: int, values: dict[str, Any], *, outage_s: float | None = None
+    ) -> bool:
+        """Write `values` on the attempt unless a newer attempt has taken it over (fenced by
+        superseded_by); False when it has. A run id the store does not hold is NotFound."""
 
         def work() -> int:
             with write_transaction(self.engine) as conn:
