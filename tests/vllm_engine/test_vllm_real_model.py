@@ -6,7 +6,9 @@ run's HF export: same layout, save_pretrained weights and tokenizer files), samp
 task's prompts in the model's chat template, and the log-probs it reports for the sampled tokens
 must be the trainer's (dapo_core.train.logprobs over an HF forward of the same weights). Then the
 weights are changed the way training changes them (load_weights from memory) and the log-probs
-must follow. The architecture is what the tiny models of the other modules are not: 30 layers,
+must follow. Last, a trained run's export: `dapo train` of one rollout step in this environment,
+its checkpoint's model/ loaded by vLLM from disk, sampled with the log-probs of an HF forward of
+that export (and no longer the converted model's). The architecture is what the tiny models of the other modules are not: 30 layers,
 grouped-query attention (9 heads, 3 KV heads, head_dim 64), tied embeddings, 49,152 tokens.
 
 The model is found where `make real-model` puts it (the user cache, not the tiny model's test
@@ -18,6 +20,10 @@ cache that tests/conftest.py points DAPO_CACHE_DIR at) and converted there once 
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +156,79 @@ def test_trained_weights_pushed_into_vllm_change_its_logprobs(real) -> None:
     finally:
         engine.load_weights(model.state_dict())  # leave the module fixture as it was
     assert _errors(model, engine.generate(prompts, sp)).max() < LOGPROB_TOL
+
+
+def test_vllm_loads_a_trained_runs_hf_export(real, tmp_path: Path) -> None:
+    # What `dapo eval --engine vllm` and serving load: a run's checkpoints/step_N/model. One
+    # rollout step of the real model through the CLI (the hf engine trains it: cheaper on this
+    # CPU), with test_train.py's small batches and lr 1e-4 so that one AdamW step moves the
+    # log-probs well past LOGPROB_TOL: a vLLM that read the converted model instead would fail.
+    from dapo_core.engines import make_engine
+    from dapo_core.setup.config import ExperimentConfig
+    from dapo_core.train.checkpoint import latest_checkpoint, load_checkpoint_config
+    from dapo_core.train.run_dir import MODEL_DIR
+    from dapo_core.train.runner import load_checkpoint_policy
+
+    _, base, tokenizer, prompts = real
+    small = {
+        "batch.train_batch_size": 2,
+        "batch.gen_batch_size": 2,
+        "batch.mini_batch_size": 2,
+        "rollout.group_size": 4,
+        "rollout.max_response_len": 8,
+        "algo.overlong_cache_len": 2,
+        "data.eval_problems": 2,
+        "data.eval_k": 1,
+        "optim.lr": 1e-4,
+        "run.num_threads": 1,
+    }
+    sets = [arg for k, v in small.items() for arg in ("--set", f"{k}={v}")]
+    run = tmp_path / "run"
+    t0 = time.perf_counter()
+    args = ["--preset", "smollm2-135m", "--arm", "grpo", "--steps", "1", "--out", str(run)]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dapo"), "train", *args, *sets],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        # tests/conftest.py points DAPO_CACHE_DIR at the tiny model's cache; the real model is
+        # where _real_dir found it (<cache>/real/hf-...).
+        env={**os.environ, "DAPO_CACHE_DIR": str(_real_dir().parents[1]), "OMP_NUM_THREADS": "1"},
+    )
+    print(f"dapo train, 1 rollout step of the real model: {time.perf_counter() - t0:.0f} s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and ckpt.name == "step_1"
+    export = ckpt / MODEL_DIR
+
+    # As runner.evaluate_checkpoint starts it: vLLM from the export as it is (init_dir, no
+    # copy, no weights pushed from memory), the HF model of the same files beside it.
+    cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(
+        {
+            "rollout.engine": "vllm",
+            "rollout.max_response_len": MAX_TOKENS,
+            "algo.overlong_cache_len": 4,
+            "rollout.gpu_memory_utilization": _memory_share(),
+        }
+    )
+    trained, trained_tokenizer = load_checkpoint_policy(ckpt, cfg, "cpu")
+    trained.eval()
+    assert trained_tokenizer(prompts)["input_ids"] == tokenizer(prompts)["input_ids"]
+    t0 = time.perf_counter()
+    engine = make_engine(
+        "vllm", trained, trained_tokenizer, cfg, init_dir=export, llm_kwargs={"enforce_eager": True}
+    )
+    try:
+        out = engine.generate(prompts, SamplingParams(n=2, max_tokens=MAX_TOKENS, seed=2))
+    finally:
+        engine.close()
+    print(f"vLLM from the trained export: start and sample in {time.perf_counter() - t0:.0f} s")
+    assert len(out) == 2 * len(prompts)
+    errors, moved = _errors(trained, out), _errors(base, out)
+    print(
+        f"vLLM (trained export) vs trainer log-probs over {errors.numel()} tokens: "
+        f"max {errors.max():.2e}, mean {errors.mean():.2e}; vs the converted model's: "
+        f"max {moved.max():.2e}"
+    )
+    assert errors.max() < LOGPROB_TOL
+    assert moved.max() > 10 * LOGPROB_TOL  # the trained weights, not the converted model's
