@@ -87,6 +87,10 @@ ABLATION_COLUMNS = [
     "run_ids",
     "eval_dataset",
     "eval_k",
+    # sample efficiency (stats.Estimate): per seed, the mean avg@k over the held-out curve's
+    # evaluations, step 0 included (the area under the curve over its length); over seeds
+    "area",
+    "area_delta_parent",  # the same minus the parent's, paired by seed
 ]
 
 _sweeps, _runs, _evaluations = SWEEPS, RUNS, EVALUATIONS
@@ -265,6 +269,36 @@ def _scores(evals: pd.DataFrame, dataset: str, k: int) -> dict[int, _SeedScore]:
     return out
 
 
+def _areas(
+    runs: pd.DataFrame, selected: pd.DataFrame, evals: pd.DataFrame, dataset: str, k: int
+) -> dict[tuple[str, int], float]:
+    """(arm, seed) -> the mean avg@k over the evaluated steps of its held-out curve, step 0
+    included: the area under the curve divided by its length, a sample-efficiency score (an
+    arm that gets there sooner scores higher at the same final score). The curve is that of
+    the attempts up to the selected one, a step evaluated twice (a resume that replayed it)
+    counting once with the newer attempt's value, so a resumed run's curve is whole. Without
+    a step-0 evaluation there is no area: the start weighs in every arm's mean alike."""
+    scored = evals[(evals["dataset"] == dataset) & (evals["k"] == k)].dropna(subset=["avg_at_k"])
+    attempt_of = {
+        int(r.run_id): (str(r.arm), int(r.seed), int(r.attempt)) for r in runs.itertuples()
+    }
+    upto = {(str(r.arm), int(r.seed)): int(r.attempt) for r in selected.itertuples()}
+    curves: dict[tuple[str, int], dict[int, tuple[int, float]]] = {}
+    for e in scored.itertuples():
+        found = attempt_of.get(int(e.run_id))
+        if found is None or found[2] > upto.get((found[0], found[1]), -1):
+            continue
+        curve = curves.setdefault((found[0], found[1]), {})
+        step = int(e.step)
+        if step not in curve or found[2] > curve[step][0]:
+            curve[step] = (found[2], float(e.avg_at_k))
+    return {
+        key: math.fsum(v for _, v in curve.values()) / len(curve)
+        for key, curve in curves.items()
+        if 0 in curve
+    }
+
+
 def _mean_of(frame: pd.DataFrame, column: str) -> float:
     values = pd.to_numeric(frame[column], errors="coerce").dropna()
     return float(values.mean()) if len(values) else math.nan
@@ -334,6 +368,8 @@ def _ablation_rows(
         if found is not None and found.start_run is not None:
             starts.setdefault((str(run.arm), int(run.seed)), (found.start, found.start_run))
     by_arm: dict[str, dict[int, _SeedScore]] = {}
+    area_of = _areas(runs, selected, mine, dataset, k) if dataset is not None and k else {}
+    area_by_arm: dict[str, dict[int, float]] = {}
     rows: list[dict[str, Any]] = []
     for arm in order:
         chosen = selected[selected["arm"] == arm].sort_values("seed")
@@ -347,6 +383,9 @@ def _ablation_rows(
                     found = replace(found, start=start, start_run=start_run)
                 per_seed[int(run.seed)] = found
         by_arm[arm] = per_seed
+        # the seeds that score the row (completed, evaluated) and have a whole curve
+        area = {seed: area_of[(arm, seed)] for seed in per_seed if (arm, seed) in area_of}
+        area_by_arm[arm] = area
         # Counters describe the runs behind the scores (the completed ones); an arm with none
         # completed yet shows how far its runs have got.
         done = chosen[chosen["status"] == "completed"]
@@ -398,11 +437,18 @@ def _ablation_rows(
                 "run_ids": [int(r) for r in chosen["run_id"]],
                 "eval_dataset": dataset,
                 "eval_k": k,
+                "area": stats.t_interval(list(area.values()), keys=list(area)),
             }
         )
     base = order[0] if order else None
     for row in rows:
         arm = row["arm"]
+        parent = parent_of[arm]
+        row["area_delta_parent"] = (
+            stats.paired(area_by_arm[arm], area_by_arm[parent])
+            if parent is not None and parent in area_by_arm and parent != arm
+            else stats.EMPTY
+        )
         for name, other in (("delta_parent", parent_of[arm]), ("delta_base", base)):
             if other is None or other == arm:
                 row[name] = row[f"{name}_problems"] = stats.EMPTY
@@ -456,3 +502,100 @@ def ablation_table(
             correct = _correct_counts(conn, *evaluation, _needed_counts(chosen))
     rows = _ablation_rows(sweep, runs, evals, evaluation, correct)
     return pd.DataFrame(rows, columns=ABLATION_COLUMNS)
+
+
+# --- many Δs at once: Holm ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HolmStars:
+    """The table's Δ-parent stars with and without Holm's correction over all of them.
+
+    p: arm -> two-sided p of its paired Δ parent (arms whose Δ has an interval: the tests);
+    adjusted: arm -> its Holm-adjusted p; starred: the arms whose 95% interval excludes 0 (the
+    table's star); holm: the arms Holm rejects at the same family-wise 5%; lost: starred but
+    not by Holm (Holm only ever removes stars).
+    """
+
+    p: dict[str, float]
+    adjusted: dict[str, float]
+    starred: tuple[str, ...]
+    holm: tuple[str, ...]
+    alpha: float = 1.0 - stats.LEVEL
+
+    @property
+    def lost(self) -> tuple[str, ...]:
+        return tuple(arm for arm in self.starred if arm not in self.holm)
+
+
+def holm_stars(table: pd.DataFrame) -> HolmStars:
+    """Holm over the table's Δ-parent intervals. A ladder of six arms draws five Δs; at 5% each,
+    the chance that some star is noise is up to 1 − 0.95⁵ ≈ 23% when no arm does anything, and
+    Holm brings the family back to 5% (uniformly more powerful than Bonferroni, and it assumes
+    nothing about how the Δs depend on each other: neighbouring Δs share an arm)."""
+    estimates = {str(r["arm"]): r["delta_parent"] for r in table.to_dict("records")}
+    p = {
+        arm: stats.p_value(e)
+        for arm, e in estimates.items()
+        if isinstance(e, stats.Estimate) and e.has_interval
+    }
+    adjusted = stats.holm_adjusted(p)
+    alpha = 1.0 - stats.LEVEL
+    starred = tuple(arm for arm in p if estimates[arm].excludes_zero)
+    kept = tuple(arm for arm in p if adjusted[arm] < alpha)
+    return HolmStars(p=p, adjusted=adjusted, starred=starred, holm=kept, alpha=alpha)
+
+
+def holm_note(result: HolmStars) -> str:
+    """One line under the table: how many Δs it starred, how many Holm keeps, and which lose
+    their star (each with its p and Holm-adjusted p)."""
+    head = (
+        f"Holm over the {len(result.p)} Δ parent interval(s) (family-wise "
+        f"{100 * result.alpha:.0f}%): {len(result.starred)} starred, {len(result.holm)} after Holm"
+    )
+    if not result.lost:
+        return head + ("; every star stands" if result.starred else "") + "."
+    lost = ", ".join(
+        f"{arm} (p = {result.p[arm]:.3g}, Holm p = {result.adjusted[arm]:.3g})"
+        for arm in result.lost
+    )
+    return f"{head}; star lost under Holm: {lost}."
+
+
+# --- sample efficiency ----------------------------------------------------------------------
+
+
+def efficiency_records(table: pd.DataFrame) -> list[dict[str, str]]:
+    """`dapo table --efficiency`: per arm, its area (the mean held-out avg@k over the curve's
+    evaluations, step 0 included) in % with its 95% interval over seeds, and the paired Δ to
+    the parent in percentage points (* when its interval excludes 0); the final score beside
+    it, so that "as good, sooner" reads at a glance."""
+    from db.table_format import MISSING, estimate_text
+
+    out = []
+    for row in table.to_dict("records"):
+        area: stats.Estimate = row["area"]
+        out.append(
+            {
+                "arm": str(row["arm"]),
+                "n": str(area.n),
+                "area": estimate_text(area),
+                "Δ parent (area)": estimate_text(
+                    row["area_delta_parent"], signed=True, n_expected=area.n
+                ),
+                "final": estimate_text(row["score"]),
+                "parent": MISSING if pd.isna(row["parent"]) else str(row["parent"]),
+            }
+        )
+    return out
+
+
+def efficiency_caption(table: pd.DataFrame) -> str:
+    from db.table_format import SIGNIFICANT, metric_label
+
+    return (
+        f"Sample efficiency: per seed, the mean held-out {metric_label(table)} over the run's "
+        "evaluations, step 0 included (the area under the curve over its length), in %; mean "
+        "over seeds [95% t-interval over seeds]; Δ parent (area): paired by seed, in "
+        f"percentage points, {SIGNIFICANT} = the interval excludes 0; n=1: no interval"
+    )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dapo_common import text
 from db import table_format
 
 # sqlalchemy, alembic and pandas are imported by the commands themselves, so that `dapo --help`
@@ -98,6 +99,20 @@ def register(subparsers: Any) -> None:
         "--all-metrics",
         action="store_true",
         help="with --mechanisms: every metric for every arm, not only those its change is about",
+    )
+    table.add_argument(
+        "--efficiency",
+        action="store_true",
+        help="add sample efficiency: per arm, the mean held-out score over each run's "
+        "evaluations (step 0 included: the area under the curve over its length) with its "
+        "interval over seeds and Δ to the parent paired by seed; CSV: area_* columns",
+    )
+    table.add_argument(
+        "--holm",
+        action="store_true",
+        help="say under the table how many Δ parent intervals it starred and which stars Holm's "
+        "correction over all of them (family-wise 5%%) takes away; CSV: each Δ parent's p and "
+        "Holm-adjusted p",
     )
     table.add_argument(
         "--wide",
@@ -225,7 +240,7 @@ def cmd_table(args: argparse.Namespace) -> int:
             if args.window is not None and args.window < 1:
                 raise ValueError(f"--window {args.window}: at least 1 rollout step")
             steps = reads.runs_of_sweep(engine, sweep_id)["steps"]
-            window = _window(args.window, steps, sweep_id)
+            window = mechanism_window(args.window, steps, sweep_id)
             frame = mechanism_table(engine, sweep_id, window=window)
             out = mechanisms.render(
                 frame, args.format, focus_only=not args.all_metrics, wide=args.wide
@@ -234,12 +249,97 @@ def cmd_table(args: argparse.Namespace) -> int:
             return 0
         table = ablation.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
         sweep = reads.sweep_details(engine, sweep_id)
-    sys.stdout.write(table_format.render(table, args.format, sweep, wide=args.wide))
+    out = table_format.render(table, args.format, sweep, wide=args.wide)
+    # Holm's note speaks of the table's stars: right under it, before the efficiency table.
+    if args.holm:
+        out = _with_holm(out, args.format, ablation.holm_stars(table), wide=args.wide)
+    if args.efficiency:
+        out = _with_efficiency(out, args.format, table, wide=args.wide)
+    sys.stdout.write(out)
     return 0
 
 
-def _window(asked: int | None, steps: Any, sweep_id: int) -> int:
-    """The mechanism table's window. One asked for that is longer than every run of the sweep
+def _with_efficiency(out: str, fmt: str, table: Any, *, wide: bool) -> str:
+    """The rendered table with the sample-efficiency table under it (text, Markdown), or in
+    CSV each arm's area and its paired Δ parent (percent, 95% interval, n, significance)."""
+    from db import ablation
+
+    records = ablation.efficiency_records(table)
+    if not records:
+        return out
+    caption = ablation.efficiency_caption(table)
+    if fmt == "text":
+        limit = None if wide else text.terminal_width()
+        shown, hidden = text.fit(records, limit, drop=["parent", "final"])
+        notes = f"{text.hidden_note(hidden, limit)}\n" if hidden else ""
+        body = table_format._aligned(shown, left={"arm", "parent"})
+        return f"{out.rstrip(chr(10))}\n\n{text.wrapped(caption, limit)}\n\n{body}\n{notes}"
+    if fmt == "markdown":
+        body = table_format._markdown(records, left={"arm", "parent"})
+        return f"{out.rstrip(chr(10))}\n\n{body}\n\n*{table_format._escape(caption)}*\n"
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(out)))
+    if not rows:
+        return out
+    by_arm = {str(r["arm"]): r for r in table.to_dict("records")}
+    extra = []
+    for name in ("area", "area_delta_parent"):
+        extra += [f"{name}_pct", f"{name}_low_pct", f"{name}_high_pct", f"{name}_n"]
+    extra.append("area_delta_parent_significant")
+
+    def pct(value: float) -> Any:
+        return "" if value != value else round(100.0 * float(value), 6)
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=[*rows[0], *extra], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        mine = by_arm[row["arm"]]
+        for name in ("area", "area_delta_parent"):
+            estimate = mine[name]
+            row[f"{name}_pct"] = pct(estimate.mean)
+            row[f"{name}_low_pct"], row[f"{name}_high_pct"] = pct(estimate.low), pct(estimate.high)
+            row[f"{name}_n"] = estimate.n
+        row["area_delta_parent_significant"] = int(mine["area_delta_parent"].excludes_zero)
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def _with_holm(out: str, fmt: str, result: Any, *, wide: bool) -> str:
+    """The rendered table with Holm's note under it (text, Markdown) or, in CSV, three more
+    columns per arm: its Δ parent's p, Holm-adjusted p, and whether Holm keeps its star."""
+    from db import ablation
+
+    note = ablation.holm_note(result)
+    if fmt == "text":
+        limit = None if wide else text.terminal_width()
+        return f"{out.rstrip(chr(10))}\n\n{text.wrapped(note, limit)}\n"
+    if fmt == "markdown":
+        return f"{out.rstrip(chr(10))}\n\n*{note}*\n"
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(out)))
+    if not rows:
+        return out
+    buffer = io.StringIO()
+    extra = ["delta_parent_p", "delta_parent_holm_p", "delta_parent_holm_significant"]
+    writer = csv.DictWriter(buffer, fieldnames=[*rows[0], *extra], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        arm = row["arm"]
+        tested = arm in result.p
+        row["delta_parent_p"] = round(result.p[arm], 9) if tested else ""
+        row["delta_parent_holm_p"] = round(result.adjusted[arm], 9) if tested else ""
+        row["delta_parent_holm_significant"] = int(arm in result.holm) if tested else ""
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def mechanism_window(asked: int | None, steps: Any, sweep_id: int) -> int:
+    """The mechanism table's window (`dapo table --mechanisms`, the Prefect artifact). One asked for that is longer than every run of the sweep
     would average each whole run twice and call it "first" and "last": a mistake to say, not
     a table to print. The default is cut to the longest run instead, so short runs (a smoke
     test) still get a table. Runs that have not logged a step say nothing about length."""

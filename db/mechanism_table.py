@@ -107,7 +107,7 @@ def _arm_changes(
 def mechanism_table(
     engine: sa.Engine,
     sweep_id: int,
-    metrics: Sequence[str] = mechanisms.DEFAULT_METRICS,
+    metrics: Sequence[str] | None = None,
     window: int = 10,
 ) -> pd.DataFrame:
     """One row per arm × metric, arms in ladder order (see MECHANISM_COLUMNS): did each arm's
@@ -123,10 +123,28 @@ def mechanism_table(
     not log (e.g. loss/long_share in runs older than it) is left out for that seed; with no
     seed left its estimates are empty (n = 0). Runs shorter than 2 × window steps have
     overlapping windows.
+
+    `metrics` None: mechanisms.default_metrics of what the runs logged (the defaults, the
+    eligible share and the decision entropy beside their partners where logged, and the focus
+    metrics logged); `dapo table --mechanisms`, the dashboard and the Prefect artifact all take
+    it. A metric of mechanisms.WHEN_LOGGED that no completed run logged has no rows, asked for
+    or not: absent, not a row of dashes.
     """
     if window < 1:
         raise ValueError(f"window must be at least 1 rollout step, got {window}")
-    names = [str(n) for n in metrics]
+    asked = None if metrics is None else [str(n) for n in metrics]
+    # Without a list, every metric the default could show is read once, and the default is
+    # then cut to what the runs logged.
+    names = list(
+        asked
+        if asked is not None
+        else dict.fromkeys(
+            [
+                *mechanisms.with_companions(mechanisms.DEFAULT_METRICS),
+                *(m for ms in mechanisms.FOCUS.values() for m in ms),
+            ]
+        )
+    )
     with engine.connect() as conn:
         sweep = sweep_row(conn, engine, sweep_id)
         runs = sweep_runs(conn, sweep_id)
@@ -134,6 +152,10 @@ def mechanism_table(
         done = selected[selected["status"] == "completed"] if not runs.empty else selected
         means = _window_means(conn, [int(r) for r in done["run_id"]], names, window)
         configs = _configs(conn, [int(r) for r in selected["run_id"]])
+    logged = {name for (_, name), (_, last) in means.items() if not math.isnan(last)}
+    if asked is None:
+        names = list(mechanisms.default_metrics(logged))
+    names = [n for n in names if n not in mechanisms.WHEN_LOGGED or n in logged]
     order = arm_order(sweep, runs)
     parent_of = parents(sweep, order)
     ladder = {str(rung["arm"]): rung for rung in (sweep.ladder or []) if "arm" in rung}
@@ -154,6 +176,8 @@ def mechanism_table(
         rung = ladder.get(arm, {})
         changes = _arm_changes(arm, parent, rung, config_of)
         focus = set(mechanisms.focus_metrics(changes))
+        # a companion is about what its partner is about (the bound of the share it sits by)
+        focus |= {mechanisms.COMPANIONS[m] for m in focus if m in mechanisms.COMPANIONS}
         for name in names:
             mine = values.get((arm, name), {})
             firsts = {s: f for s, (f, _) in mine.items() if not math.isnan(f)}

@@ -71,8 +71,20 @@ PERCENT: frozenset[str] = frozenset(
         M.TRAIN_INFORMATIVE,
         M.ACC_MEAN,
         M.CLIP_RATIO_DUAL,
+        M.CLIP_RATIO_HIGH_ELIGIBLE,
     }
 )
+# A metric shown beside another when the sweep's runs logged it, and left out (no row, no
+# column) when none did: the eligible share bounds the share at the upper bound (a ratio is at
+# most 1 / p_old, so only tokens with p_old < 1 / (1 + ε_high) can reach it), and the entropy at
+# the task's decision tokens says where exploration happens, which the mean over every token
+# dilutes. Runs older than the eligible share, and tasks that name no decision tokens, have
+# neither: a column of dashes there would read as "measured and empty".
+COMPANIONS: dict[str, str] = {
+    M.CLIP_RATIO_HIGH: M.CLIP_RATIO_HIGH_ELIGIBLE,
+    M.ENTROPY_MEAN: M.ENTROPY_DECISION,
+}
+WHEN_LOGGED: frozenset[str] = frozenset(COMPANIONS.values())
 
 # Config key (dotted, as in the runs' stored config) -> the metrics its change is expected to
 # move, most telling first. The paper's reading of each technique (arXiv 2503.14476, §3):
@@ -103,6 +115,31 @@ FOCUS_MARK = "◆"  # before a metric the arm's change is about
 # Said once under a table whose one-seed values are bare numbers (table_format's, without its n
 # column: here a value without an interval is the one-seed one).
 SINGLE_NOTE = "n=1: no intervals (a value without one is over one seed)"
+
+
+def with_companions(metrics: Iterable[str]) -> tuple[str, ...]:
+    """`metrics` with each one's COMPANIONS metric right after it (once, where not already
+    asked for): the table shows the bound beside the share, the fork beside the mean."""
+    asked = list(dict.fromkeys(str(m) for m in metrics))
+    out: list[str] = []
+    for metric in asked:
+        out.append(metric)
+        companion = COMPANIONS.get(metric)
+        if companion is not None and companion not in asked:
+            out.append(companion)
+    return tuple(out)
+
+
+def default_metrics(logged: Iterable[str]) -> tuple[str, ...]:
+    """The metrics the mechanism table shows when none are named, for runs that logged
+    `logged`: DEFAULT_METRICS (one a run did not log reads "—"), each with its companion where
+    logged, then any metric some arm's change is about that the runs logged (e.g.
+    mismatch/is_masked of a rollout-correction arm). One list for `dapo table --mechanisms`,
+    the dashboard's default and the Prefect artifact."""
+    have = {str(m) for m in logged}
+    shown = [m for m in with_companions(DEFAULT_METRICS) if m not in WHEN_LOGGED or m in have]
+    focus = sorted({m for ms in FOCUS.values() for m in ms if m in have} - set(shown))
+    return (*shown, *focus)
 
 
 # --- what an arm changes ----------------------------------------------------------------------

@@ -260,3 +260,48 @@ def leader_of_rows(rows: Iterable[Mapping[str, Any]]) -> Leader:
             for row in rows
         }
     )
+
+
+# --- many Δs at once ----------------------------------------------------------------------------
+
+
+def p_value(estimate: Estimate) -> float:
+    """Two-sided p of the one-sample t-test behind a t-interval (H0: mean 0), NaN without an
+    interval. The interval's half-width is t((1 + level) / 2, n − 1) · s / √n, so the standard
+    error is read back from it and T = mean / se has n − 1 degrees of freedom; p < 1 − level
+    exactly when the interval excludes 0. Differences equal on every seed (s = 0): p is 0 unless
+    the mean is 0."""
+    if not estimate.has_interval or estimate.n < 2:
+        return math.nan
+    df = estimate.n - 1
+    se = (estimate.high - estimate.low) / (2.0 * t_quantile(0.5 + estimate.level / 2.0, df))
+    if se <= 0.0:
+        return 1.0 if estimate.mean == 0.0 else 0.0
+    t = abs(estimate.mean) / se
+    return min(1.0, 2.0 * (1.0 - t_cdf(t, df)))
+
+
+def holm_adjusted(p_values: Mapping[str, float]) -> dict[str, float]:
+    """Holm's adjusted p-values (Holm 1979): sorted by p, the i-th smallest of m (i = 1..m)
+    becomes max over j <= i of min(1, (m − j + 1) · p_(j)). Rejecting where the adjusted p is
+    below alpha is Holm's step-down test at family-wise level alpha: p_(1) against alpha / m,
+    p_(2) against alpha / (m − 1), ..., stopping at the first that fails. NaN p-values (no
+    interval) are not tests: they are left out of m and stay NaN. Ties keep their input order."""
+    tested = sorted(
+        ((name, p) for name, p in p_values.items() if not math.isnan(p)), key=lambda np: np[1]
+    )
+    m = len(tested)
+    out = {name: math.nan for name in p_values}
+    running = 0.0
+    for i, (name, p) in enumerate(tested):
+        running = max(running, min(1.0, (m - i) * p))
+        out[name] = running
+    return out
+
+
+def holm(p_values: Mapping[str, float], *, alpha: float = 1.0 - LEVEL) -> dict[str, bool]:
+    """Which hypotheses Holm's step-down correction rejects, keeping the chance of any false
+    rejection among them at most `alpha`: those whose adjusted p (holm_adjusted) is below it.
+    Strict `<`, so that with m = 1 it rejects exactly when the 95% interval excludes 0 (the
+    table's unadjusted star)."""
+    return {name: p < alpha for name, p in holm_adjusted(p_values).items()}

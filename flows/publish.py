@@ -47,7 +47,27 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
         key=plan.artifact_key("ablation-summary", sweep_id),
         description=f"Summary of sweep {sweep_id}",
     )
+    create_markdown_artifact(
+        markdown=mechanisms_markdown(url, sweep_id),
+        key=plan.artifact_key("mechanism-table", sweep_id),
+        description=f"Mechanism table of sweep {sweep_id}",
+    )
     return rows
+
+
+def mechanisms_markdown(url: str, sweep_id: int) -> str:
+    """`dapo table --mechanisms --format markdown` of the sweep: the same metrics (the
+    default of db.mechanisms, with the eligible share and the decision entropy where logged)
+    and the same window."""
+    from db import mechanisms, reads
+    from db.cli import mechanism_window
+    from db.engine import get_engine
+    from db.mechanism_table import mechanism_table
+
+    engine = get_engine(url)
+    steps = reads.runs_of_sweep(engine, sweep_id)["steps"]
+    frame = mechanism_table(engine, sweep_id, window=mechanism_window(None, steps, sweep_id))
+    return mechanisms.render(frame, "markdown", focus_only=True)
 
 
 def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:

@@ -18,13 +18,8 @@ if sweep_id is None:
 
 runs = reads.runs_of_sweep(engine, sweep_id)
 logged = set(reads.metric_names(engine, [int(r) for r in runs["run_id"]]))
-# The default metrics always (one a run did not log reads "—"), then any metric some arm's
-# change is about that the runs did log (e.g. mismatch/is_masked of a rollout-correction arm).
-focus_logged = sorted(
-    {m for ms in mech_text.FOCUS.values() for m in ms if m in logged}
-    - set(mech_text.DEFAULT_METRICS)
-)
-default = [*mech_text.DEFAULT_METRICS, *focus_logged]
+# The same default as `dapo table --mechanisms` and the Prefect artifact (db.mechanisms).
+default = list(mech_text.default_metrics(logged))
 c1, c2 = st.columns([1, 3])
 window = int(
     c1.number_input(
