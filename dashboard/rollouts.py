@@ -59,3 +59,79 @@ def step_summary(samples: pd.DataFrame) -> str:
         f"mean reward {samples['reward'].mean():+.3f} = score {samples['score'].mean():+.3f} "
         f"+ penalty {samples['overlong_penalty'].mean():+.3f}"
     )
+
+
+# --- the group view: a prompt's G responses side by side --------------------------------------
+GROUP_COLUMNS = ["idx", "member", "correct", "reward", "advantage", "length", "truncated"]
+
+
+def group_frames(samples: pd.DataFrame) -> list[pd.DataFrame]:
+    """The step's stored responses (db.reads.sample_groups) split into their groups, in the
+    order the trainer generated them: by the stored group index, else (rows written before
+    the trainer recorded it) by prompt, which at one step names the group as well unless two
+    groups drew the same problem."""
+    if samples.empty:
+        return []
+    key = samples["group"].map(lambda g: None if pd.isna(g) else f"g{int(g):09d}")
+    key = key.where(key.notna(), "p" + samples["prompt"].astype(str))
+    frames = [part for _, part in samples.groupby(key, sort=False)]
+    # Groups by the trainer's order, members by their place in the group, else by index.
+    frames.sort(key=lambda f: (_first_group(f), int(f["idx"].min())))
+    return [
+        f.assign(_m=f["member"].fillna(-1).astype(int))
+        .sort_values(["_m", "idx"])
+        .drop(columns="_m")
+        .reset_index(drop=True)
+        for f in frames
+    ]
+
+
+def _first_group(frame: pd.DataFrame) -> int:
+    groups = [int(g) for g in frame["group"].dropna()]
+    return min(groups) if groups else -1
+
+
+def group_table(group: pd.DataFrame) -> pd.DataFrame:
+    """One row per stored response of a group: reward, advantage, length, truncation."""
+    frame = group[GROUP_COLUMNS].copy()
+    frame["correct"] = frame["correct"].astype(bool)
+    frame["truncated"] = frame["truncated"].astype(bool)
+    return frame
+
+
+def group_title(group: pd.DataFrame, group_size: int | None) -> str:
+    """'Group 3 · 2 of 4 responses stored · 1 correct · trained' (prompt shown below it)."""
+    first = group.iloc[0]
+    known = not pd.isna(first["group"])
+    name = f"Group {int(first['group'])}" if known else "Prompt"
+    n = len(group)
+    stored = f"{n} of {group_size} responses stored" if group_size else f"{n} responses stored"
+    correct = int(group["correct"].astype(bool).sum())
+    has_advantage = group["advantage"].notna().any()
+    if has_advantage:
+        trained = " · trained"
+    elif known:
+        # The trainer records advantages of the groups it trained on; none here means
+        # dynamic sampling left the group out (all correct or all wrong) or carried it over.
+        trained = " · not trained this step"
+    else:
+        trained = ""
+    return f"{name} · {stored} · {correct} correct{trained}"
+
+
+def response_caption(sample: pd.Series) -> str:
+    """The header of one response's column: verdict, reward, advantage, length, truncation."""
+    verdict = "✔" if bool(sample["correct"]) else "✖"
+    advantage = sample["advantage"]
+    adv = "A —" if pd.isna(advantage) else f"A {float(advantage):+.3f}"
+    cut = " · truncated" if bool(sample["truncated"]) else ""
+    return (
+        f"#{int(sample['idx'])} {verdict} · reward {float(sample['reward']):+.3g} · {adv} · "
+        f"{int(sample['length'])} tokens{cut}"
+    )
+
+
+def group_size(config: dict[str, Any]) -> int | None:
+    """G of the run (rollout.group_size of its config), None when the config does not say."""
+    size = (config.get("rollout") or {}).get("group_size")
+    return int(size) if isinstance(size, int) else None

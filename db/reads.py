@@ -425,3 +425,68 @@ def sample_steps(engine: sa.Engine, run_id: int) -> list[int]:
     query = sa.select(s.step).where(s.run_id == int(run_id)).distinct().order_by(s.step)
     with engine.connect() as conn:
         return [int(v) for v in conn.execute(query).scalars()]
+
+
+SAMPLE_GROUP_COLUMNS = [*SAMPLE_COLUMNS, "group", "member", "advantage"]
+
+
+def sample_groups(engine: sa.Engine, run_id: int, step: int) -> pd.DataFrame:
+    """A run's stored rollouts of one step (SAMPLE_GROUP_COLUMNS), with what the trainer keeps
+    in `extra` for the group view: `group` (the response's group among the step's generated
+    ones), `member` (its place in the group) and `advantage` (NaN when the group was not
+    trained that step). Rows written before the trainer recorded these have group and member
+    <NA> (nullable integers), and advantage NaN; readers group those by prompt."""
+    s = _samples.c
+    query = (
+        sa.select(*(s[c] for c in SAMPLE_COLUMNS), s.extra)
+        .where(s.run_id == int(run_id), s.step == int(step))
+        .order_by(s.idx)
+    )
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    records = []
+    for row in rows:
+        extra = row.extra if isinstance(row.extra, dict) else {}
+        group, member, advantage = extra.get("group"), extra.get("member"), extra.get("advantage")
+        records.append(
+            (
+                *row[: len(SAMPLE_COLUMNS)],
+                None if group is None else int(group),
+                None if member is None else int(member),
+                float("nan") if advantage is None else float(advantage),
+            )
+        )
+    frame = to_frame(records, SAMPLE_GROUP_COLUMNS)
+    return frame.astype(
+        {
+            "correct": bool,
+            "truncated": bool,
+            "reward": float,
+            "score": float,
+            "overlong_penalty": float,
+            "advantage": float,
+            "group": "Int64",  # nullable: <NA> on rows written before they were recorded
+            "member": "Int64",
+        }
+    )
+
+
+SWEEP_RUN_COLUMNS = [*RUN_COLUMNS, "sweep_name", "config"]
+
+
+def runs_of_sweeps(engine: sa.Engine, sweep_ids: Sequence[int]) -> pd.DataFrame:
+    """Every attempt of the runs of several sweeps, by sweep then run id (SWEEP_RUN_COLUMNS:
+    RUN_COLUMNS, the sweep's name and the run's config as a dict), for views that put arms
+    of several sweeps side by side. A sweep id the store does not hold contributes nothing."""
+    ids = [int(s) for s in sweep_ids]
+    if not ids:
+        return to_frame([], SWEEP_RUN_COLUMNS)
+    query = (
+        run_select()
+        .add_columns(_sweeps.c.name, _runs.c.config)
+        .join_from(_runs, _sweeps, _runs.c.sweep_id == _sweeps.c.id)
+        .where(_runs.c.sweep_id.in_(ids))
+        .order_by(_runs.c.sweep_id, _runs.c.id)
+    )
+    with engine.connect() as conn:
+        return to_frame(conn.execute(query).all(), SWEEP_RUN_COLUMNS)

@@ -147,8 +147,14 @@ def test_one_step_reads_like_algorithm_1() -> None:
     assert len(result.samples) == 3
     assert set(result.samples[0]) == {
         "prompt", "response", "ground_truth", "pred", "reward", "score",
-        "overlong_penalty", "correct", "length", "truncated",
+        "overlong_penalty", "correct", "length", "truncated", "group", "member", "advantage",
     }  # fmt: skip
+    # The 3 kept of 16 responses are evenly spaced: 0, 5, 10 -> group 0 member 0, group 1
+    # member 1, group 2 member 2. Groups 0 and 1 are constant (advantage exactly 0); group 2
+    # is (+1, +1, −1, −1): mean 0, unbiased std √(4/3), so member 2 has −1/1.1547 = −0.866.
+    kept = [(s["group"], s["member"], s["correct"]) for s in result.samples]
+    assert kept == [(0, 0, True), (1, 1, False), (2, 2, False)]
+    assert [s["advantage"] for s in result.samples] == pytest.approx([0.0, 0.0, -0.866025])
 
 
 def test_dynamic_sampling_carry_over_and_cap(caplog: pytest.LogCaptureFixture) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -395,13 +395,41 @@ def _informative_share(groups: Sequence[Group], group_size: int) -> float:
     return float(informative_groups(acc, group_size).float().mean())
 
 
-def keep_samples(groups: Sequence[Group], k: int) -> list[dict[str, Any]]:
-    """k rollouts, evenly spaced over the step's responses (see MetricsSink.log_samples)."""
-    rs = [(g, r) for g in groups for r in g.rollouts]
+def advantages_by_group(
+    generated: Sequence[Group], batch: Sequence[Group], advantages: Sequence[float]
+) -> dict[int, list[float]]:
+    """Each trained group's advantages (`advantages`: `[P*G]`, `batch` group by group) keyed
+    by its index in `generated`, which is how keep_samples names groups; a group carried over
+    from an earlier step is not among the generated ones and is left out."""
+    where = {id(g): gi for gi, g in enumerate(generated)}
+    out: dict[int, list[float]] = {}
+    at = 0
+    for g in batch:
+        if id(g) in where:
+            out[where[id(g)]] = [float(a) for a in advantages[at : at + len(g.rollouts)]]
+        at += len(g.rollouts)
+    return out
+
+
+def keep_samples(
+    groups: Sequence[Group],
+    k: int,
+    advantages: Mapping[int, Sequence[float]] | None = None,
+) -> list[dict[str, Any]]:
+    """k rollouts, evenly spaced over the step's responses (see MetricsSink.log_samples).
+
+    Each also says which of the step's groups it belongs to (`group`: its index in `groups`,
+    `member`: its place in the group), so that a reader can put a prompt's responses side by
+    side, and its `advantage` when `advantages` (keyed by the index in `groups`, one value
+    per rollout) has its group: None for a group this step did not train on (dynamic
+    sampling dropped it, or it waits in the carry)."""
+    rs = [(gi, j, g, r) for gi, g in enumerate(groups) for j, r in enumerate(g.rollouts)]
     k = min(k, len(rs))
+    advantages = advantages or {}
     out = []
     for i in range(k):
-        g, r = rs[i * len(rs) // k]
+        gi, j, g, r = rs[i * len(rs) // k]
+        trained = advantages.get(gi)
         out.append(
             {
                 "prompt": g.prompt,
@@ -414,6 +442,9 @@ def keep_samples(groups: Sequence[Group], k: int) -> list[dict[str, Any]]:
                 "correct": bool(r.acc > 0),
                 "length": len(r.completion.token_ids),
                 "truncated": r.completion.truncated,
+                "group": gi,
+                "member": j,
+                "advantage": None if trained is None else float(trained[j]),
             }
         )
     return out

@@ -49,6 +49,7 @@ from dapo_core.train.rollout import (
     GroupSource,
     RewardFn,
     ShapedReward,
+    advantages_by_group,
     keep_samples,
     rollout_metrics,
     templated_prompt,
@@ -188,6 +189,7 @@ class Trainer:
         )
 
         stats = EMPTY_STATS
+        sample_advantages: dict[int, list[float]] = {}  # for the kept samples only
         if batch:
             # 4. group-relative advantages over the final batch
             rewards = torch.tensor([r.reward for g in batch for r in g.rollouts])  # [P*G]
@@ -199,6 +201,7 @@ class Trainer:
                 estimator=self.cfg.algo.adv_estimator,
             )
             seqs = sequences(batch, advantages)
+            sample_advantages = advantages_by_group(col.generated, batch, advantages.tolist())
             # 5. old log-probs with the current policy, no grad (the first mini-batch's from
             #    its own first forward); 6. μ passes over mini-batches, clipped objective
             self.updater.nonfinite_carried = self.nonfinite_streak
@@ -237,7 +240,7 @@ class Trainer:
                 M.LR: float(self.optimizer.param_groups[0]["lr"]),
             }
         )
-        samples = keep_samples(col.generated, self.cfg.run.samples_per_step)
+        samples = keep_samples(col.generated, self.cfg.run.samples_per_step, sample_advantages)
         return StepResult(self.rollout_step, metrics, samples)
 
     @property

@@ -1,12 +1,14 @@
-"""Compare: any two runs side by side — config diff, final metrics, evaluations."""
+"""Compare: any two runs side by side — config diff, final metrics, evaluations — then the
+curves of arms from several sweeps overlaid (dashboard.sweep_compare)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import configs, curves, widgets
-from db import reads
+from dapo_common import metric_names
+from dashboard import configs, curves, sweep_compare, widgets
+from db import ablation, reads
 
 st.title("Compare two runs")
 engine = widgets.store()
@@ -59,3 +61,80 @@ if frames:
             for c in ("avg_at_k", "pass_at_k", "cons_at_k")
         },
     )
+
+# --- curves across sweeps -----------------------------------------------------------------
+st.subheader("Curves across sweeps")
+every_sweep = ablation.list_sweeps(engine).sort_values("sweep_id", ascending=False)
+sweep_labels = {int(r["sweep_id"]): widgets.sweep_label(r) for _, r in every_sweep.iterrows()}
+picked_sweeps = st.multiselect(
+    "Sweeps",
+    list(sweep_labels),
+    default=sorted({int(a["sweep_id"]), int(b["sweep_id"])}),
+    format_func=lambda i: sweep_labels[i],
+    key="xs-sweeps",
+)
+across = reads.runs_of_sweeps(engine, picked_sweeps)
+options = sweep_compare.series_options(across)
+if not options:
+    st.info("Pick sweeps that have runs.")
+    st.stop()
+names = dict(zip(across["sweep_id"].astype(int), across["sweep_name"], strict=True))
+# The two runs above, as (sweep, arm) series, are the starting point.
+default_series = [
+    label
+    for label in (
+        sweep_compare.series_label(r["sweep_id"], names.get(int(r["sweep_id"]), ""), r["arm"])
+        for r in (a, b)
+    )
+    if label in options
+]
+series = st.multiselect(
+    "Arms (sweep · arm)", options, default=list(dict.fromkeys(default_series)), key="xs-series"
+)
+c1, c2, c3 = st.columns([2, 1, 1])
+where_text = c1.text_input(
+    "Only runs whose config has",
+    key="xs-filter",
+    placeholder="algo.clip_high=0.28",
+    help="One dotted config key = value; the value is read as JSON where it parses "
+    "(0.28, true, null), else as text.",
+)
+x_axes = dict(metric_names.X_AXES)
+# The paper's x-axis, gradient updates, as on the curves page.
+x_label = c2.selectbox(
+    "x-axis", list(x_axes), index=list(x_axes.values()).index(metric_names.GRAD_UPDATES), key="xs-x"
+)
+try:
+    where = sweep_compare.parse_filter(where_text)
+except ValueError as error:
+    st.warning(str(error))
+    where = None
+chosen = sweep_compare.series_runs(across, series, where)
+if chosen.empty:
+    st.info("No runs of these arms" + (f" with {where[0]} = {where[1]!r}." if where else "."))
+    st.stop()
+run_ids = [int(r) for r in chosen["run_id"]]
+available = reads.metric_names(engine, run_ids)
+if not available:
+    st.info("These runs have not logged metrics yet.")
+    st.stop()
+headline = [m for m in metric_names.HEADLINE if m in available]
+metric = c3.selectbox(
+    "Metric", available, index=available.index((headline or available)[0]), key="xs-metric"
+)
+x_metric: str | None = x_axes[x_label]
+long = reads.metric_curves(engine, run_ids, names=[metric, x_metric])
+if x_metric not in set(long["name"]):
+    st.warning(f"`{x_metric}` was not logged: plotting against the rollout step instead.")
+    x_metric, x_label = None, "rollout step"
+band = curves.curve_band(sweep_compare.labelled_curves(long, chosen), [metric], x_metric, 0.0)
+shown = [s for s in series if s in set(band["arm"])]
+if band.empty:
+    st.info(f"No values of `{metric}` for these runs.")
+    st.stop()
+st.altair_chart(curves.band_chart(band, metric, shown, x_label, height=320), width="stretch")
+st.dataframe(sweep_compare.last_values(band, shown), hide_index=True, width="stretch")
+st.caption(
+    "One line per (sweep, arm): the mean over its seeds (latest attempt of each), band = the "
+    "95% t-interval over seeds (none with one seed)."
+)

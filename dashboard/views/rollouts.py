@@ -7,6 +7,8 @@ import streamlit as st
 from dashboard import rollouts, widgets
 from db import reads
 
+PER_ROW = 4  # responses side by side in the group view
+
 st.title("Rollouts")
 engine = widgets.store()
 run_id = widgets.pick_run(engine, key="rollout-run", param="run")
@@ -19,13 +21,45 @@ if every.empty:
     st.stop()
 
 steps = sorted(int(s) for s in every["step"].unique())
-c1, c2 = st.columns([1, 2])
+c1, c2, c3 = st.columns([1, 1, 2])
 step = c1.selectbox("Step", steps, index=len(steps) - 1, key="rollout-step")
-which = c2.radio("Show", list(rollouts.FILTERS), horizontal=True, key="rollout-filter")
-shown = reads.samples(engine, run_id, step=int(step), **rollouts.FILTERS[which])
-
+view = c2.radio("View", ["Responses", "Groups"], horizontal=True, key="rollout-view")
 at_step = every[every["step"] == step]
 st.caption(rollouts.step_summary(at_step))
+
+if view == "Groups":
+    # GRPO's unit of comparison: a prompt's responses side by side, each with the advantage
+    # the update gave it (the filter is off here: a group is read whole).
+    size = rollouts.group_size(reads.run_details(engine, run_id)["config"])
+    st.caption(
+        "Responses of each prompt side by side; A is the group-relative advantage the update "
+        "used (— where the trainer did not record it, or did not train on the group). "
+        "Per-token importance ratios, clip flags and entropies are not recorded."
+    )
+    for i, group in enumerate(rollouts.group_frames(reads.sample_groups(engine, run_id, step))):
+        st.markdown(f"**{rollouts.group_title(group, size)}**")
+        st.text(f"prompt: {group.iloc[0]['prompt']}")
+        st.dataframe(
+            rollouts.group_table(group),
+            hide_index=True,
+            width="stretch",
+            key=f"rollout-group-{i}",
+            column_config={
+                "correct": st.column_config.CheckboxColumn("correct"),
+                "truncated": st.column_config.CheckboxColumn("truncated"),
+                "advantage": st.column_config.NumberColumn("advantage", format="%+.3f"),
+            },
+        )
+        members = [sample for _, sample in group.iterrows()]
+        for at in range(0, len(members), PER_ROW):  # rows of PER_ROW, so G = 16 stays legible
+            row = members[at : at + PER_ROW]
+            for column, sample in zip(st.columns(PER_ROW), row, strict=False):
+                column.caption(rollouts.response_caption(sample))
+                column.text(sample["response"])
+    st.stop()
+
+which = c3.radio("Show", list(rollouts.FILTERS), horizontal=True, key="rollout-filter")
+shown = reads.samples(engine, run_id, step=int(step), **rollouts.FILTERS[which])
 if shown.empty:
     st.info(f"No {which.lower()} samples at step {step}.")
     st.stop()
