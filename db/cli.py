@@ -339,8 +339,8 @@ def _with_holm(out: str, fmt: str, result: Any, *, wide: bool) -> str:
 
 
 def mechanism_window(asked: int | None, steps: Any, sweep_id: int) -> int:
-    """The mechanism table's window (`dapo table --mechanisms`, the Prefect artifact). One asked for that is longer than every run of the sweep
-    would average each whole run twice and call it "first" and "last": a mistake to say, not
+    """The mechanism table's window (`dapo table --mechanisms`, the Prefect artifact). One
+    asked for that is longer than every run of the sweep would average each whole run twice and call it "first" and "last": a mistake to say, not
     a table to print. The default is cut to the longest run instead, so short runs (a smoke
     test) still get a table. Runs that have not logged a step say nothing about length."""
     lengths = [int(s) for s in steps if s is not None and s == s and int(s) > 0]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flows import plan
+from dapo_common.util import first_line
+from flows import plan, progress
 
 
 def ablation(url: str, sweep_id: int) -> tuple[Any, dict[str, Any]]:
@@ -47,11 +48,16 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
         key=plan.artifact_key("ablation-summary", sweep_id),
         description=f"Summary of sweep {sweep_id}",
     )
-    create_markdown_artifact(
-        markdown=mechanisms_markdown(url, sweep_id),
-        key=plan.artifact_key("mechanism-table", sweep_id),
-        description=f"Mechanism table of sweep {sweep_id}",
-    )
+    try:
+        mechanisms = mechanisms_markdown(url, sweep_id)
+    except Exception as error:  # the sweep's outcome is recorded; a missing extra is one line
+        progress.say(f"sweep {sweep_id}: no mechanism table artifact ({first_line(error)})")
+    else:
+        create_markdown_artifact(
+            markdown=mechanisms,
+            key=plan.artifact_key("mechanism-table", sweep_id),
+            description=f"Mechanism table of sweep {sweep_id}",
+        )
     return rows
 
 
