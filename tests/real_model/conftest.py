@@ -44,8 +44,8 @@ MULTIBYTE_PROBLEMS = [
 # The issue's CI budget for 2 rollout steps of the real model through `dapo sweep` (Prefect + Ray,
 # a first Prefect start included): 3 minutes on this 2-core machine.
 SWEEP_BUDGET_S = 180
-# Small batches: 2 prompts × 4 responses of at most 8 tokens (a right reply is 2-3 tokens), a
-# held-out evaluation of 2 problems × 2 samples at steps 0 and 2.
+# The real model's tests' budget: 2 prompts × 4 responses of at most 8 tokens (a right reply is
+# 2-3 tokens), one gradient update per step.
 SWEEP_SETS = {
     "batch.train_batch_size": 2,
     "batch.gen_batch_size": 2,
@@ -54,6 +54,13 @@ SWEEP_SETS = {
     "rollout.max_response_len": 8,
     "algo.overlong_cache_len": 2,
 }
+# The same for `dapo train`, with a held-out evaluation of 2 problems × 1 sample.
+TRAIN_SETS = {**SWEEP_SETS, "data.eval_problems": 2, "data.eval_k": 1}
+
+
+def set_args(sets: dict[str, object]) -> list[str]:
+    """`--set key=value` for each item."""
+    return [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ def real_sweep(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Real
     }
     env.pop("PREFECT_API_URL", None)  # a temporary server of the command's own
     env.pop("RAY_ADDRESS", None)  # a local Ray of the command's own
-    sets = [arg for k, v in SWEEP_SETS.items() for arg in ("--set", f"{k}={v}")]
+    sets = set_args(SWEEP_SETS)
     t0 = time.perf_counter()
     done = subprocess.run(
         [

@@ -28,6 +28,11 @@ from typing import Any
 
 import pytest
 
+if __package__:
+    from .conftest import TRAIN_SETS, set_args
+else:  # run as a script by the two-rank test, its own folder first on sys.path
+    from conftest import TRAIN_SETS, set_args
+
 pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
@@ -36,23 +41,13 @@ DAPO = str(Path(sys.executable).parent / "dapo")
 # per step, a held-out evaluation of 2 problems × 1 sample. Float32 compute (the preset's), so
 # the export is the masters themselves and the comparisons are exact. One thread per worker: two
 # OpenMP threads that wait on each other on a shared 2-core runner are several times slower.
-SETS = {
-    "batch.train_batch_size": 2,
-    "batch.gen_batch_size": 2,
-    "batch.mini_batch_size": 2,
-    "rollout.group_size": 4,
-    "rollout.max_response_len": 8,
-    "algo.overlong_cache_len": 2,
-    "data.eval_problems": 2,
-    "data.eval_k": 1,
-    "run.num_threads": 1,
-}
+SETS = {**TRAIN_SETS, "run.num_threads": 1}
 ENV = {**os.environ, "DAPO_DEBUG": "1", "OMP_NUM_THREADS": "1"}
 
 
 def dapo_train(out: Path, *, workers: int, steps: int) -> subprocess.CompletedProcess[str]:
     """`dapo train --preset smollm2-135m --arm grpo --workers W --steps S --out OUT` (SETS)."""
-    sets = [arg for k, v in SETS.items() for arg in ("--set", f"{k}={v}")]
+    sets = set_args(SETS)
     args = ["--preset", "smollm2-135m", "--arm", "grpo", "--workers", str(workers)]
     t0 = time.perf_counter()
     done = subprocess.run(

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import TRAIN_SETS, set_args
+
 pytestmark = pytest.mark.realmodel
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
@@ -50,20 +52,10 @@ def test_dapo_train_runs_two_rollout_steps_of_the_real_model(
     real_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    small = {
-        "batch.train_batch_size": 2,
-        "batch.gen_batch_size": 2,
-        "batch.mini_batch_size": 2,
-        "rollout.group_size": 4,
-        "rollout.max_response_len": 8,  # a right reply is 3 tokens (`4`, `2`, EOS)
-        "algo.overlong_cache_len": 2,
-        "data.eval_problems": 2,
-        "data.eval_k": 2,
-        # One thread: on a shared 2-core runner, two OpenMP threads that wait on each other
-        # were 4x slower than one (a forward of 8 x 48 tokens: 45 s against 11 s, 2026-11-25).
-        "run.num_threads": 1,
-    }
-    sets = [arg for k, v in small.items() for arg in ("--set", f"{k}={v}")]
+    # One thread: on a shared 2-core runner, two OpenMP threads that wait on each other were 4x
+    # slower than one (a forward of 8 x 48 tokens: 45 s against 11 s, 2026-11-25).
+    small = {**TRAIN_SETS, "data.eval_k": 2, "run.num_threads": 1}
+    sets = set_args(small)
     # The CI budget: 2 steps of the real model in under 3 minutes on this machine.
     done = subprocess.run(
         [
@@ -109,18 +101,8 @@ def test_dapo_train_runs_two_rollout_steps_of_the_real_model(
 def test_dapo_train_on_two_workers_shards_the_real_model(real_dir: Path, tmp_path: Path) -> None:
     # FSDP2 over gloo, float32 masters and bfloat16 compute, one rollout step.
     out = tmp_path / "run"
-    small = {
-        "model.dtype": "bfloat16",
-        "batch.train_batch_size": 2,
-        "batch.gen_batch_size": 2,
-        "batch.mini_batch_size": 2,
-        "rollout.group_size": 4,
-        "rollout.max_response_len": 8,
-        "algo.overlong_cache_len": 2,
-        "data.eval_problems": 2,
-        "data.eval_k": 1,
-    }
-    sets = [arg for k, v in small.items() for arg in ("--set", f"{k}={v}")]
+    small = {"model.dtype": "bfloat16", **TRAIN_SETS}
+    sets = set_args(small)
     done = subprocess.run(
         [
             DAPO,
