@@ -115,7 +115,7 @@ def real_sweep(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Real
         ],
         capture_output=True,
         text=True,
-        timeout=3 * SWEEP_BUDGET_S,  # a loaded runner: up to three times the quiet machine's goal
+        timeout=3 * SWEEP_BUDGET_S,  # a loaded runner: up to three times the 3-minute goal
         cwd=ROOT,
         env=env,
     )

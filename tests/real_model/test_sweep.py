@@ -29,8 +29,8 @@ def test_dapo_sweep_runs_two_rollout_steps_of_the_real_model(real_sweep: RealSwe
     done = real_sweep.done
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert "sweep 1 completed" in done.stdout, done.stdout[-2000:]
-    # The 3-minute goal holds on a quiet machine (101 s measured); a loaded CI runner may take
-    # twice as long, which is the timeout, so the time is reported, not a reason to fail here.
+    # The 3-minute goal held at a load average of 6 (101 s) and only just at 14-18 (154-179 s):
+    # the time is reported, not a reason to fail; the fixture's timeout is three times the goal.
     print(f"2 real-model rollout steps through dapo sweep: {real_sweep.seconds:.0f} s")
     engine = get_engine(real_sweep.store_url)
     (run,) = reads.runs_of_sweep(engine, 1).to_dict("records")
