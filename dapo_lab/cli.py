@@ -25,6 +25,7 @@ _REGISTRARS: tuple[str, ...] = (
     "flows.sweep_rm",  # after flows.commands: `rm` is an action of its `sweep` parser
     "flows.deploy",
     "db.cli",
+    "db.aa_cli",
     "flows.export",
     "dashboard.cli",
 )
