@@ -55,8 +55,9 @@ lint: $(STAMP)
 	$(BIN)/mypy dapo_core db dapo_common
 
 # The multi-node tests (marker `cluster`) start and stop their own Ray cluster: `make test-cluster`.
+# --durations: every run ends with its 20 slowest tests, the list the suite's speed work starts from.
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
 test-cluster: $(STAMP)
