@@ -22,8 +22,10 @@ again and adopts it instead of starting a second one.
   completed, FAILED failed with one line naming the cause (the job's own error, else the last
   line its log printed, else Ray's message), STOPPED cancelled.
 - Stopped: a stop of this process (Ctrl-C, a cancelled sweep) stops the job; so does cancelling
-  the arm's flow run (`stop_on_cancel`, its on_cancellation hook). A lease lost to a newer
-  attempt leaves the job alone: the newer attempt adopts it.
+  the arm's flow run: its SIGTERM stops the job from the watcher, which re-raises it saying
+  "the flow run was cancelled; Ray job ... stopped" (the run's error line), and its
+  on_cancellation hook (`stop_on_cancel`, in the worker or runner) stops a job the signal
+  missed. A lease lost to a newer attempt leaves the job alone: the newer attempt adopts it.
 - An adopted job trains the attempt it was submitted for; the adopting attempt (it resumed that
   one, see flows/arm.py) copies that attempt's curve in as it grows, so that the attempt which
   speaks for the arm holds every step once (the store's copy keeps rows it has).
@@ -36,6 +38,7 @@ which Ray's client finds the cluster's dashboard. A local Ray started by the flo
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -91,6 +94,44 @@ class JobFailed(RuntimeError):
 class JobStopped(ray_worker.Interrupted):
     """The arm's Ray job was stopped (from Ray's dashboard, `ray job stop`, a cancel): the arm
     ends cancelled (a subclass of Interrupted, which plan.is_stop counts as a stop)."""
+
+
+@functools.cache
+def _cancelled_type() -> type[BaseException]:
+    """FlowRunCancelled, made on first use: Prefect is imported only where its signal arrived
+    (a job's own entrypoint never imports it)."""
+    from prefect.exceptions import TerminationSignal
+
+    class FlowRunCancelled(TerminationSignal):
+        """Prefect's TerminationSignal (its engine still sees the signal it sent) with a
+        message: the run's error line says the flow run was cancelled and its job stopped."""
+
+        def __init__(self, signal: int, message: str) -> None:
+            super().__init__(signal)
+            self.message = message
+
+        def __str__(self) -> str:
+            return self.message
+
+    return FlowRunCancelled
+
+
+def cancelled_signal(exc: BaseException, sid: str) -> BaseException:
+    """The SIGTERM of a cancelled flow run (Prefect's TerminationSignal, whose message is
+    empty) as one that says what happened, after its job was stopped; any other stop as is."""
+    if type(exc).__name__ != "TerminationSignal" or "prefect" not in sys.modules:
+        return exc
+    intent = None
+    with contextlib.suppress(Exception):  # Prefect's own record of why it sent the signal
+        from prefect._internal.control_listener import get_intent
+
+        intent = get_intent()
+    why = (
+        "the flow run was cancelled"
+        if intent == "cancel"
+        else f"the flow run's process got signal {getattr(exc, 'signal', '?')}"
+    )
+    return _cancelled_type()(int(getattr(exc, "signal", 15)), f"{why}; Ray job {sid} stopped")
 
 
 def submission_id(store_id: str, sweep_id: int, arm: str, seed: int) -> str:
@@ -357,6 +398,9 @@ def watch(
         # Ctrl-C, or the SIGTERM of a cancelled flow run, lands here: the job stops with us.
         if plan.is_stop(exc) and not isinstance(exc, JobStopped):
             stop(client, sid)
+            said = cancelled_signal(exc, sid)
+            if said is not exc:
+                raise said from exc
         raise
     tail = "\n".join(reader.tail)
     if status == JobStatus.SUCCEEDED:

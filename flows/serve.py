@@ -190,18 +190,25 @@ def share_ray(ray_address: str | None) -> tuple[str, list[Any]]:
     """Join `ray_address` (or $RAY_ADDRESS), else start a local Ray instance in this process,
     and export RAY_ADDRESS so that the flow runs this process starts (subprocesses) join the
     same Ray instead of starting one each. Returns a line saying which Ray, and its nodes."""
+    import ray
+
     from flows import ray_worker
     from flows.cluster import alive_nodes
 
+    given = ray_address or os.environ.get("RAY_ADDRESS")
     cluster = ray_worker.connect(ray_address)
     nodes = alive_nodes()
-    if not (ray_address or os.environ.get("RAY_ADDRESS")):
-        import ray
-
-        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-        where = f"a local Ray instance at {os.environ['RAY_ADDRESS']}"
+    # The address joined, whether it came from --ray-address, $RAY_ADDRESS ("auto" resolved)
+    # or a local start: without it a flow run would start a Ray of its own, and a Ray job
+    # would find no job server.
+    joined = (
+        given if given and given.startswith("ray://") else ray.get_runtime_context().gcs_address
+    )
+    os.environ["RAY_ADDRESS"] = joined
+    if not given:
+        where = f"a local Ray instance at {joined}"
     else:
-        where = f"the Ray cluster at {ray_address or os.environ['RAY_ADDRESS']}"
+        where = f"the Ray cluster at {given}" + (f" ({joined})" if given != joined else "")
     line = (
         f"Ray: {where} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}, "
         f"{cluster.get('CPU', 0):g} CPU, {cluster.get('GPU', 0):g} GPU)"

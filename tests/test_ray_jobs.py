@@ -7,7 +7,8 @@ and a runs directory under the test's tmp dir. In file order: two arms submitted
 `dapo sweep` SIGKILLed mid-arm, whose job trains on and is adopted by `dapo arm` (trained once,
 its curve whole and once); a job server that does not answer; a job that cannot start (the
 interpreter lacks the package); a job stopped from outside; the hook of a cancelled flow run;
-the cluster stops leaving no process.
+the team's path (a Prefect server, `dapo deploy --pool`, a `dapo worker`), where cancelling an
+arm's flow run stops its job; the cluster stops leaving no process.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from uuid import UUID
 
 import pytest
 from dapo_cli import DAPO, ROOT, SMALL, SMALL_OVERRIDES, store_env, stored_sweep
 from ray_cluster import RayCluster, ray_cluster
+from test_flows_served import BIN, _healthy, _stop, _wait_for, prefect_client
 
 from dapo_common.util import free_port
 from flows import ray_jobs
@@ -95,6 +100,22 @@ def test_the_store_url_is_not_on_the_command_line(monkeypatch: pytest.MonkeyPatc
     assert command.endswith(" -m flows.job_entry 12") and "SECRET" not in command
     env = ray_jobs.job_env(url, {"arm": "grpo"}, Resources())
     assert env["DAPO_DB_URL"] == url
+
+
+def test_a_cancelled_flow_runs_signal_says_so_and_stays_prefects_signal() -> None:
+    """The SIGTERM of a cancelled flow run reaches the watcher as Prefect's TerminationSignal
+    with no message; once the job is stopped it goes on as a TerminationSignal (Prefect's engine
+    still handles it as its own) whose message is the run's error line."""
+    from prefect.exceptions import TerminationSignal
+
+    from dapo_common.util import first_line
+    from flows import plan
+
+    said = ray_jobs.cancelled_signal(TerminationSignal(15), "dapo-x-sweep1-grpo-s0")
+    assert isinstance(said, TerminationSignal) and said.signal == 15 and plan.is_stop(said)
+    assert first_line(said).endswith("; Ray job dapo-x-sweep1-grpo-s0 stopped"), first_line(said)
+    ctrl_c = KeyboardInterrupt()
+    assert ray_jobs.cancelled_signal(ctrl_c, "dapo-x") is ctrl_c  # other stops: as they are
 
 
 def test_the_forms_offer_the_choice() -> None:
@@ -420,6 +441,183 @@ def test_a_stopped_job_and_a_cancelled_flow_run(
 
     assert plan.is_stop(ray_jobs.JobStopped("x"))
     store.end_attempt(attempt.run_id, "cancelled", error="test over")
+
+
+# --- the team's path: a Prefect server, `dapo deploy --pool`, a `dapo worker` on the head ------
+POOL = "dapo-jobs-pool"
+
+
+@dataclass
+class Team:
+    """A Prefect server, the pool's deployments and one `dapo worker` joined to the cluster."""
+
+    api_url: str
+    work: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in self.work.glob("*.log"))
+
+    def trigger(self, deployment: str, parameters: dict[str, Any]) -> UUID:
+        with prefect_client(self.api_url) as c:
+            dep = c.read_deployment_by_name(deployment)
+            return UUID(str(c.create_flow_run_from_deployment(dep.id, parameters=parameters).id))
+
+    def flow_run(self, flow_run_id: UUID) -> Any:
+        with prefect_client(self.api_url) as c:
+            return c.read_flow_run(flow_run_id)
+
+
+@contextlib.contextmanager
+def prefect_team(root: Path, cluster: RayCluster, work: dict[str, Any]) -> Iterator[Team]:
+    """The README's team setup on this machine: `prefect server start` (its own home, a free
+    port), `dapo deploy --pool`, then `dapo worker --pool --store --ray-address` as on the
+    head node. The worker finds the job server from the Ray address, as the README says; each
+    process is stopped by the session it leads."""
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    base = {**cluster.env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": "1"}
+    for name in ("PREFECT_API_URL", "DAPO_DB_URL", ray_jobs.API_SERVER_ENV):
+        base.pop(name, None)
+    team = Team(api_url, root)
+
+    def start(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with (root / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                args,
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        team.procs.append(proc)
+        return proc
+
+    server_env = {**base, "PREFECT_HOME": str(root / "server-home"), "PREFECT_UI_ENABLED": "false"}
+    client_env = {
+        **base,
+        "PREFECT_API_URL": api_url,
+        "PREFECT_HOME": str(root / "client-home"),
+        "DAPO_RUNS_DIR": str(work["runs"]),
+    }
+    try:
+        server = start(
+            "server",
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            server_env,
+        )
+        _wait_for(
+            lambda: _healthy(api_url), "the Prefect server", 120.0, server, root / "server.log"
+        )
+        done = subprocess.run(
+            [DAPO, "deploy", "--pool", POOL],
+            env=client_env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        worker = start(
+            "worker",
+            [
+                DAPO,
+                "worker",
+                "--pool",
+                POOL,
+                "--name",
+                "head",
+                "--store",
+                work["url"],
+                "--ray-address",
+                cluster.address,
+            ],
+            client_env,
+        )
+        _wait_for(
+            lambda: "Worker 'head' started" in (root / "worker.log").read_text(),
+            "the worker to poll",
+            120.0,
+            worker,
+            root / "worker.log",
+        )
+        yield team
+    finally:
+        for proc in reversed(team.procs):  # the worker before the server
+            _stop(proc)
+
+
+@pytest.mark.rayjobs
+@pytest.mark.slow
+@on_the_head
+def test_cancelling_the_arms_flow_run_stops_its_ray_job(
+    cluster: RayCluster, work: dict[str, Any], tmp_path: Path
+) -> None:
+    """An arm triggered on the pool (a `dapo-arm` flow run that the worker runs) trains as a
+    Ray job; cancelling that flow run through the Prefect API, as the UI's Cancel does, ends
+    the job STOPPED, the run cancelled with a line that says so, and leaves no job or job
+    process behind."""
+    from prefect.states import Cancelling
+
+    from db import reads
+    from db.store import Store
+    from flows.params import SweepParams
+
+    store = Store(work["url"])
+    params = SweepParams(arms=["grpo"], steps=500, overrides=SMALL_OVERRIDES, submit="ray-jobs")
+    sweep = stored_sweep(store, params, "to cancel")
+    sid = ray_jobs.submission_id(store.store_id, sweep, "grpo", 0)
+    jobs = client(cluster)
+    with prefect_team(tmp_path, cluster, work) as team:
+        flow_run_id = team.trigger("ablation-arm/dapo-arm", {"sweep_id": sweep, "arm": "grpo"})
+
+        def training() -> dict[str, Any] | None:
+            job = ray_jobs.job_of(jobs, sid)
+            latest = store.latest_attempt(sweep, "grpo", 0)
+            if job is None or str(job.status) != "RUNNING" or latest is None:
+                return None
+            curve = reads.metric_curves(store.engine, [int(latest["run_id"])])
+            return latest if not curve.empty else None
+
+        try:
+            latest = _wait_for(training, "the arm's Ray job to train a step", TIMEOUT_S)
+        except pytest.fail.Exception as exc:
+            pytest.fail(f"{exc}\n{team.logs()}")
+        assert latest["flow_run_id"] == str(flow_run_id)
+        started = time.monotonic()
+        with prefect_client(team.api_url) as c:
+            c.set_flow_run_state(flow_run_id, Cancelling())
+
+        def cancelled() -> Any:
+            run = team.flow_run(flow_run_id)
+            return run if run.state is not None and run.state.is_final() else None
+
+        run = _wait_for(cancelled, "the flow run to end", 120.0)
+        assert run.state.is_cancelled(), (run.state, team.logs())
+        _wait_for(lambda: str(jobs.get_job_status(sid)) == "STOPPED", "the job to be STOPPED", 60.0)
+        row = _wait_for(
+            lambda: (r := store.get_run(int(latest["run_id"])))["status"] != "running" and r,
+            "the run to be marked",
+            60.0,
+        )
+        line = str(row["error"]).splitlines()[0]
+        assert row["status"] == "cancelled", (row["status"], line, team.logs())
+        assert "cancel" in line.lower(), line
+        assert int(row["steps"] or 0) < 500
+        print(f"cancelled to STOPPED in {time.monotonic() - started:.1f} s: {line}")
+    # Nothing of the store's left on the job server, nor any job process on the cluster.
+    live = [
+        j.submission_id
+        for j in jobs.list_jobs()
+        if str(j.submission_id).startswith(f"dapo-{store.store_id}-") and not j.status.is_terminal()
+    ]
+    assert live == [], live
+    _wait_for(
+        lambda: not [c for c in cluster.processes().values() if "flows.job_entry" in c],
+        "the job's processes to end",
+        30.0,
+    )
 
 
 @pytest.mark.rayjobs
