@@ -183,16 +183,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> dict[
         if address and address != "local":
             ray.init(address=address, **kwargs)
         else:
-            ray.init(
-                # "local": a new instance of our own. Without it, ray.init joins the cluster
-                # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine,
-                # anyone's) and then refuses num_cpus.
-                address="local",
-                num_cpus=num_cpus or os.cpu_count() or 1,
-                include_dashboard=False,
-                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                **kwargs,
-            )
+            _start_local(num_cpus or os.cpu_count() or 1, kwargs)
     except ConnectionError as exc:
         raise ConnectionError(
             f"cannot join the Ray cluster at {address}: {first_line(exc, with_type=True)}"
@@ -201,6 +192,40 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> dict[
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)
     return dict(ray.cluster_resources())
+
+
+# Ray waits a fixed 30 s for a new node's raylet to register; on a loaded machine (seen at a
+# load of 18 on 2 cores) that is not enough, and what it raises is a bare Exception.
+LOCAL_START_TRIES = 2
+
+
+def _start_local(num_cpus: int, kwargs: dict[str, Any]) -> None:
+    """A local Ray instance of our own, tried again once if its node was slow to register."""
+    for attempt in range(1, LOCAL_START_TRIES + 1):
+        try:
+            ray.init(
+                # "local": a new instance of our own. Without it, ray.init joins the cluster
+                # /tmp/ray/ray_current_cluster names (the last `ray start` on this machine,
+                # anyone's) and then refuses num_cpus.
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                **kwargs,
+            )
+            return
+        except Exception as exc:  # Ray raises a plain Exception for this one
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()  # the half-started processes of this try
+            if attempt == LOCAL_START_TRIES:
+                raise TimeoutError(
+                    f"the local Ray instance did not start ({LOCAL_START_TRIES} tries): its node "
+                    "did not register within Ray's 30 s, which happens on an overloaded machine; "
+                    "try again when the load is lower, or start Ray yourself (`ray start --head`) "
+                    "and pass --ray-address"
+                ) from None
+            log.warning("the local Ray instance was slow to start (machine loaded): trying again")
 
 
 def place_arm(
