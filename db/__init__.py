@@ -11,6 +11,8 @@
   samples: the run pages), and the three tables built on it, `db.ablation` (the ablation table
   and the sweep list), `db.mechanism_table` (each arm's change in its own metrics) and
   `db.grids` (a grid's points).
+- `db.summaries`: per-run metric summaries written when a run ends (migration 0005 backfills
+  them), which the names and mechanism-table reads use instead of scanning ended runs' rows.
 - `db.stats`: the table's statistics (t-intervals over seeds, paired differences, the leader);
   `db.table_format`: its one set of columns, for `dapo table`, the dashboard and Prefect.
 - `db.cleanup`: what a sweep holds and its deletion in one transaction (`dapo sweep rm`).

@@ -99,24 +99,83 @@ _sweeps, _runs, _evaluations = SWEEPS, RUNS, EVALUATIONS
 # --- the sweeps ---------------------------------------------------------------------------
 
 
+# list_sweeps' rows of sweeps whose every run has ended, per store and sweep, with the
+# fingerprint they were computed at: such a row changes only when a row under it is written,
+# and every write there moves the fingerprint (a run's updated_at, an evaluation's created_at,
+# the sweep's updated_at; a deleted run or evaluation changes a count). Without it the sweeps
+# page (and, before sweep_choices, every page's picker) recomputed every sweep's ablation rows
+# in pandas on each load: 0.5 s a sweep on a loaded 2-core machine (bench/bench_scale.py).
+_ENDED_ROWS: dict[tuple[str, int], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+_ENDED_ROWS_MAX = 10_000
+
+
+def _fingerprints(conn: sa.Connection, sweep_id: int | None) -> dict[int, tuple[Any, ...]]:
+    """sweep id -> (runs, newest run write, runs stored as running, evaluations, newest
+    evaluation write): two grouped reads of the runs' and the evaluations' keys."""
+    r, e = _runs.c, _evaluations.c
+    runs = sa.select(
+        r.sweep_id,
+        sa.func.count(),
+        sa.func.max(r.updated_at),
+        sa.func.sum(sa.case((r.status == "running", 1), else_=0)),
+    ).group_by(r.sweep_id)
+    evals = (
+        sa.select(r.sweep_id, sa.func.count(), sa.func.max(e.created_at))
+        .join_from(_evaluations, _runs, e.run_id == r.id)
+        .group_by(r.sweep_id)
+    )
+    if sweep_id is not None:
+        runs = runs.where(r.sweep_id == int(sweep_id))
+        evals = evals.where(r.sweep_id == int(sweep_id))
+    out: dict[int, tuple[Any, ...]] = {}
+    for sid, n, newest, running in conn.execute(runs):
+        out[int(sid)] = (int(n), newest, int(running or 0), 0, None)
+    for sid, n, newest in conn.execute(evals):
+        n_runs, run_newest, running, _, _ = out.get(int(sid), (0, None, 0, 0, None))
+        out[int(sid)] = (n_runs, run_newest, running, int(n), newest)
+    return out
+
+
 def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
     """Every sweep (or the one `sweep_id` names), newest first, with progress: runs_done counts
     the (arm, seed) pairs with a completed attempt out of arms_total = arms × seeds. best_arm
     (and best_score, its mean) is set only when the arm with the highest mean leads the
     runner-up significantly (paired 95% interval over seeds above 0); `leader` is the
-    stats.Leader behind it, for the headline."""
+    stats.Leader behind it, for the headline.
+
+    A sweep none of whose runs is stored as running is computed once per process and store
+    while nothing under it changes (_ENDED_ROWS); its status is read afresh every time."""
+    store = str(engine.url)
     with engine.connect() as conn:
-        select_sweeps, select_runs = sa.select(_sweeps), run_select()
+        select_sweeps = sa.select(_sweeps)
         if sweep_id is not None:
             select_sweeps = select_sweeps.where(_sweeps.c.id == int(sweep_id))
-            select_runs = select_runs.where(_runs.c.sweep_id == int(sweep_id))
         sweeps = conn.execute(select_sweeps.order_by(_sweeps.c.id.desc())).all()
         if not sweeps:
             return to_frame([], SWEEP_COLUMNS)
+        prints = _fingerprints(conn, sweep_id)
+        keys = {
+            sweep.id: (sweep.updated_at, *prints.get(sweep.id, (0, None, 0, 0, None)))
+            for sweep in sweeps
+        }
+        stale = [
+            sweep.id
+            for sweep in sweeps
+            if _ENDED_ROWS.get((store, sweep.id), (None,))[0] != keys[sweep.id]
+        ]
+        select_runs = run_select().where(_runs.c.sweep_id.in_(stale))
         runs = to_frame(conn.execute(select_runs).all(), RUN_COLUMNS)
-        evals = _evaluation_frame(conn, sweep_id)
+        evals = _evaluation_frame(conn, sweep_id, stale)
     rows = []
     for sweep in sweeps:
+        key = keys[sweep.id]
+        # what a status needs of the runs: the newest heartbeat (shown_sweep_status)
+        touched = to_frame([(key[2],)] if key[2] is not None else [], ["updated_at"])
+        status = shown_sweep_status(sweep, touched)
+        cached = _ENDED_ROWS.get((store, sweep.id))
+        if cached is not None and cached[0] == key:
+            rows.append((*cached[1][:3], status, *cached[1][3:]))
+            continue
         mine = runs[runs["sweep_id"] == sweep.id]
         latest = latest_attempts(mine)
         done = selected_attempts(mine)
@@ -124,28 +183,62 @@ def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
         sweep_evals = evals[evals["run_id"].isin(mine["run_id"])]
         table = _ablation_rows(sweep, mine, sweep_evals, primary_evaluation(sweep_evals))
         lead = stats.leader_of_rows(table)
-        rows.append(
-            (
-                sweep.id,
-                sweep.name,
-                sweep.preset,
-                shown_sweep_status(sweep, mine),
-                sweep.created_at,
-                sweep.finished_at,
-                list(sweep.arms),
-                list(sweep.seeds),
-                len(sweep.arms) * len(sweep.seeds),
-                len(done),
-                int((latest["status"] == "failed").sum()),
-                int((latest["status"] == "running").sum()),
-                lead.best if lead.significant else None,
-                lead.best_mean if lead.significant else math.nan,
-                lead,
-                sweep.flow_run_id,
-                sweep.error,
-            )
+        row = (
+            sweep.id,
+            sweep.name,
+            sweep.preset,
+            sweep.created_at,
+            sweep.finished_at,
+            list(sweep.arms),
+            list(sweep.seeds),
+            len(sweep.arms) * len(sweep.seeds),
+            len(done),
+            int((latest["status"] == "failed").sum()),
+            int((latest["status"] == "running").sum()),
+            lead.best if lead.significant else None,
+            lead.best_mean if lead.significant else math.nan,
+            lead,
+            sweep.flow_run_id,
+            sweep.error,
         )
+        rows.append((*row[:3], shown_sweep_status(sweep, mine), *row[3:]))
+        if key[3] == 0:  # no run stored as running: nothing under it changes by itself
+            if len(_ENDED_ROWS) >= _ENDED_ROWS_MAX:
+                _ENDED_ROWS.clear()
+            _ENDED_ROWS[(store, sweep.id)] = (key, row)
     return to_frame(rows, SWEEP_COLUMNS)
+
+
+CHOICE_COLUMNS = ["sweep_id", "name", "preset", "status", "created_at"]
+
+
+def sweep_choices(engine: sa.Engine) -> pd.DataFrame:
+    """Every sweep, newest first, with only what a picker shows (CHOICE_COLUMNS; the status as
+    list_sweeps gives it): two short queries, whatever the sweeps hold. list_sweeps computes
+    each sweep's ablation rows for its progress and leader, which a sweep selectbox on every
+    page does not need and which grows with every sweep in the store."""
+    s, r = _sweeps.c, _runs.c
+    with engine.connect() as conn:
+        sweeps = conn.execute(
+            sa.select(s.id, s.name, s.preset, s.status, s.created_at, s.updated_at).order_by(
+                s.id.desc()
+            )
+        ).all()
+        touched = dict(
+            conn.execute(
+                sa.select(r.sweep_id, sa.func.max(r.updated_at)).group_by(r.sweep_id)
+            ).all()
+        )
+    rows = []
+    for sweep in sweeps:
+        # shown_sweep_status needs only the newest of its runs' heartbeats
+        runs = pd.DataFrame({"updated_at": [touched.get(sweep.id)]})
+        if runs["updated_at"].isna().all():
+            runs = runs.iloc[0:0]
+        rows.append(
+            (sweep.id, sweep.name, sweep.preset, shown_sweep_status(sweep, runs), sweep.created_at)
+        )
+    return to_frame(rows, CHOICE_COLUMNS)
 
 
 # --- the ablation table ------------------------------------------------------------------
@@ -154,13 +247,18 @@ def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
 _EVAL_FRAME = ["run_id", "dataset", "k", "step", "avg_at_k", "n_problems"]
 
 
-def _evaluation_frame(conn: sa.Connection, sweep_id: int | None = None) -> pd.DataFrame:
+def _evaluation_frame(
+    conn: sa.Connection, sweep_id: int | None = None, among: list[int] | None = None
+) -> pd.DataFrame:
     """Evaluations (run_id, dataset, k, step, avg@k, n_problems) of one sweep's runs, or of
-    every sweep. The per-problem counts (`extra`) are read only where needed: _correct_counts."""
+    every sweep (`among`: only these sweeps). The per-problem counts (`extra`) are read only
+    where needed: _correct_counts."""
     e, r = _evaluations.c, _runs.c
     query = sa.select(*(e[c] for c in _EVAL_FRAME)).join_from(_evaluations, _runs, e.run_id == r.id)
     if sweep_id is not None:
         query = query.where(r.sweep_id == int(sweep_id))
+    if among is not None:
+        query = query.where(r.sweep_id.in_([int(s) for s in among]))
     return to_frame(conn.execute(query).all(), _EVAL_FRAME)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from db.models import EVALUATIONS, METRICS, RUNS, SAMPLES, SWEEPS
+from db.models import EVALUATIONS, METRICS, RUN_METRIC_SUMMARIES, RUNS, SAMPLES, SWEEPS
 from db.reads import runs_of_sweep, sweep_row
 
 # A sweep with a run in one of these may still be writing: deleting under it would leave a
@@ -80,7 +80,7 @@ def delete_sweep(engine: sa.Engine, sweep_id: int) -> SweepFootprint:
     footprint = sweep_footprint(engine, sweep_id)
     with engine.begin() as conn:
         run_ids = sa.select(RUNS.c.id).where(RUNS.c.sweep_id == int(sweep_id))
-        for table in (METRICS, EVALUATIONS, SAMPLES):
+        for table in (METRICS, EVALUATIONS, SAMPLES, RUN_METRIC_SUMMARIES):
             conn.execute(sa.delete(table).where(table.c.run_id.in_(run_ids)))
         conn.execute(sa.delete(RUNS).where(RUNS.c.sweep_id == int(sweep_id)))
         conn.execute(sa.delete(SWEEPS).where(SWEEPS.c.id == int(sweep_id)))

@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from db import mechanisms, stats
-from db.models import METRICS, RUNS
+from db import mechanisms, stats, summaries
+from db.models import METRICS, RUN_METRIC_SUMMARIES, RUNS, SUMMARY_WINDOW
 from db.reads import arm_order, parents, selected_attempts, sweep_row, sweep_runs
 
 MECHANISM_COLUMNS = [
@@ -52,6 +52,26 @@ def _window_means(
     ids = [int(r) for r in run_ids]
     if not ids or not names:
         return {}
+    out: dict[tuple[int, str], tuple[float, float]] = {}
+    if window == SUMMARY_WINDOW:
+        # Ended runs: the same means, kept when they ended (db.summaries), read per (run,
+        # name) instead of aggregated over every row of the run.
+        done = summaries.summarized(conn, ids)
+        s = RUN_METRIC_SUMMARIES.c
+        if done:
+            rows = conn.execute(
+                sa.select(s.run_id, s.name, s.head_mean, s.tail_mean).where(
+                    s.run_id.in_(sorted(done)), s.name.in_([str(n) for n in names])
+                )
+            )
+            for run_id, name, a, b in rows:
+                out[(int(run_id), str(name))] = (
+                    math.nan if a is None else float(a),
+                    math.nan if b is None else float(b),
+                )
+        ids = [r for r in ids if r not in done]
+        if not ids:
+            return out
     m = _metrics.c
     bounds = (
         sa.select(m.run_id, sa.func.min(m.step).label("lo"), sa.func.max(m.step).label("hi"))
@@ -67,7 +87,6 @@ def _window_means(
         .where(m.run_id.in_(ids), m.name.in_([str(n) for n in names]))
         .group_by(m.run_id, m.name)
     )
-    out: dict[tuple[int, str], tuple[float, float]] = {}
     for run_id, name, a, b in conn.execute(query):
         out[(int(run_id), str(name))] = (
             math.nan if a is None else float(a),

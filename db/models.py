@@ -8,6 +8,10 @@
     evaluations   (run, dataset, k, step) -> avg@k, pass@k, cons@k, number of problems
     samples       a few rollouts per (run, step), with the reward split into its parts
     store_identity  one row: the store's own id, a UUID drawn when the store was created
+    run_metric_summaries  (run, name) -> what a full scan of the run's metric rows gives
+                  (rows, steps, min/max, the mean of the first and last SUMMARY_WINDOW steps),
+                  written when the run ends (migration 0005 backfills older stores)
+    annotations   tags and a note on a sweep or a run, and which sweeps are hidden
 
 Rows are keyed by what they mean ((run, step, name) for a metric) rather than by a surrogate id, so a replayed step
 upserts onto its earlier rows and can never duplicate them. The schema is created by the Alembic
@@ -265,7 +269,100 @@ class StoreIdentity(Base):
     __table_args__ = (sa.CheckConstraint("id = 1", name="one_row"),)
 
 
-TABLES = ("sweeps", "runs", "metrics", "evaluations", "samples", "store_identity")
+# The window (rollout steps at each end of a run) whose means a summary keeps: the mechanism
+# table's default (db.cli.DEFAULT_WINDOW), so the default table reads summaries, not rows.
+SUMMARY_WINDOW = 10
+
+
+class RunMetricSummary(Base):
+    """One metric of one ended run, pre-aggregated (db.summaries, migration 0005): what the read
+    side would otherwise scan the run's metric rows for (the names a run logged, the mechanism
+    table's window means). Written right after the run's terminal status (a summary is a
+    cache: a run without one is read from its rows), and rewritten by every later terminal
+    status write. `run_first_step`/`run_last_step` are the run's own bounds (over every name),
+    the windows' ends, as db.mechanism_table defines them."""
+
+    __tablename__ = "run_metric_summaries"
+
+    run_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    n_rows: Mapped[int] = mapped_column(sa.Integer)
+    n_values: Mapped[int] = mapped_column(sa.Integer)  # rows with a finite value (not NULL)
+    min_step: Mapped[int] = mapped_column(sa.Integer)  # this metric's own first and last step
+    max_step: Mapped[int] = mapped_column(sa.Integer)
+    min_value: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    max_value: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    run_first_step: Mapped[int] = mapped_column(sa.Integer)  # the run's bounds (every name)
+    run_last_step: Mapped[int] = mapped_column(sa.Integer)
+    window: Mapped[int] = mapped_column(sa.Integer)
+    head_mean: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    tail_mean: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+ANNOTATION_KINDS = ("tag", "note", "hidden")
+
+
+class Annotation(Base):
+    """What a researcher says about a sweep or a run (migration 0006, db.annotations): its tags
+    (one row each), its note (one row, edited in place) and, for a sweep, that it is hidden
+    (a trial sweep the dashboard leaves out unless asked). `run_id` NULL: the sweep itself.
+
+    Keyed by what it means, as every table here: one (target, kind, tag) row, so that tagging
+    twice is one tag. The target is the sweep or the run, so the key is two partial unique
+    indexes (a NULL run_id would make one plain unique key never conflict). Both ids are
+    foreign keys that cascade: deleting a sweep (`dapo sweep rm`) takes its annotations."""
+
+    __tablename__ = "annotations"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(sa.ForeignKey("sweeps.id", ondelete="CASCADE"))
+    run_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=True
+    )
+    kind: Mapped[str] = mapped_column(sa.String(8))
+    tag: Mapped[str] = mapped_column(sa.String(64))  # the tag of a "tag" row, else ""
+    body: Mapped[str | None] = mapped_column(sa.Text, nullable=True)  # a note's text
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        sa.CheckConstraint(_in("kind", ANNOTATION_KINDS), name="kind"),
+        sa.CheckConstraint("kind != 'hidden' OR run_id IS NULL", name="hidden_sweeps_only"),
+        sa.Index(
+            "uq_annotations_sweep_key",
+            "sweep_id",
+            "kind",
+            "tag",
+            unique=True,
+            sqlite_where=sa.text("run_id IS NULL"),
+            postgresql_where=sa.text("run_id IS NULL"),
+        ),
+        sa.Index(
+            "uq_annotations_run_key",
+            "run_id",
+            "kind",
+            "tag",
+            unique=True,
+            sqlite_where=sa.text("run_id IS NOT NULL"),
+            postgresql_where=sa.text("run_id IS NOT NULL"),
+        ),
+    )
+
+
+TABLES = (
+    "sweeps",
+    "runs",
+    "metrics",
+    "evaluations",
+    "samples",
+    "store_identity",
+    "run_metric_summaries",
+    "annotations",
+)
 
 # The tables themselves, typed as Table for Core statements (`Model.__table__` is typed loosely).
 SWEEPS = cast(sa.Table, Sweep.__table__)
@@ -274,3 +371,5 @@ METRICS = cast(sa.Table, Metric.__table__)
 EVALUATIONS = cast(sa.Table, Evaluation.__table__)
 SAMPLES = cast(sa.Table, Sample.__table__)
 STORE_IDENTITY = cast(sa.Table, StoreIdentity.__table__)
+RUN_METRIC_SUMMARIES = cast(sa.Table, RunMetricSummary.__table__)
+ANNOTATIONS = cast(sa.Table, Annotation.__table__)

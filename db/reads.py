@@ -23,6 +23,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from dapo_common import metric_names as M
+from db import summaries
 from db.engine import safe_url
 from db.errors import NotFound
 from db.models import (
@@ -31,6 +32,7 @@ from db.models import (
     INTERRUPTED,
     METRICS,
     RUN_LEASE_S,
+    RUN_METRIC_SUMMARIES,
     RUNS,
     SAMPLE_FIELDS,
     SAMPLES,
@@ -327,25 +329,95 @@ def evaluations(engine: sa.Engine, run_id: int) -> pd.DataFrame:
 
 
 def metric_curves(
-    engine: sa.Engine, run_ids: Sequence[int], names: Sequence[str] | None = None
+    engine: sa.Engine,
+    run_ids: Sequence[int],
+    names: Sequence[str] | None = None,
+    *,
+    max_points: int | None = None,
 ) -> pd.DataFrame:
     """Long frame (run_id, arm, seed, step, name, value) of the runs' metrics, optionally only
-    `names`; ordered by run, name, step. NaN stands for a value logged as NaN/inf."""
+    `names`; ordered by run, name, step. NaN stands for a value logged as NaN/inf.
+
+    `max_points`: at most about that many points per (run, metric), chosen by the database
+    (what is sent and drawn then grows with the chart, not with the run's length). The steps
+    kept are a grid common to every series read: lo, lo + s, lo + 2s, ... with lo the first
+    step of all of them and s = (hi - lo) // max_points + 1, plus each series' own first and
+    last step. Kept rows are the stored rows, never averaged; a common grid keeps the seeds of
+    an arm and the x-axis metric on the same steps, which the seed band and the x join need
+    (dashboard.curves). What it can miss: a spike between two grid steps (the dashboard's
+    full-series switch reads everything). None: every row."""
     ids = [int(r) for r in run_ids]
     if not ids or (names is not None and not list(names)):
         return to_frame([], CURVE_COLUMNS).astype({"value": float})
+    if max_points is not None and max_points < 1:
+        raise ValueError(f"max_points must be at least 1, got {max_points}")
     m, r = _metrics.c, _runs.c
+    wanted = [m.run_id.in_(ids)]
+    if names is not None:
+        wanted.append(m.name.in_([str(n) for n in names]))
     query = (
         sa.select(m.run_id, r.arm, r.seed, m.step, m.name, m.value)
         .join_from(_metrics, _runs, m.run_id == r.id)
-        .where(m.run_id.in_(ids))
+        .where(*wanted)
         .order_by(m.run_id, m.name, m.step)
     )
-    if names is not None:
-        query = query.where(m.name.in_([str(n) for n in names]))
+    if max_points is not None:
+        with engine.connect() as conn:
+            lo, hi = _step_bounds(conn, ids, names)
+        # Only a read longer than max_points pays for the window functions below.
+        if lo is not None and hi is not None and hi - lo + 1 > max_points:
+            query = _grid_query(ids, names, lo, (hi - lo) // int(max_points) + 1)
     with engine.connect() as conn:
         frame = to_frame(conn.execute(query).all(), CURVE_COLUMNS)
     return frame.astype({"value": float})
+
+
+def _step_bounds(
+    conn: sa.Connection, ids: list[int], names: Sequence[str] | None
+) -> tuple[int | None, int | None]:
+    """The first and last step of the series metric_curves reads: from the runs' summaries
+    when every one has ended (db.summaries), else from their rows' keys."""
+    if set(ids) <= summaries.summarized(conn, ids):
+        s = RUN_METRIC_SUMMARIES.c
+        query = sa.select(sa.func.min(s.min_step), sa.func.max(s.max_step)).where(s.run_id.in_(ids))
+        if names is not None:
+            query = query.where(s.name.in_([str(n) for n in names]))
+    else:
+        m = _metrics.c
+        query = sa.select(sa.func.min(m.step), sa.func.max(m.step)).where(m.run_id.in_(ids))
+        if names is not None:
+            query = query.where(m.name.in_([str(n) for n in names]))
+    row = conn.execute(query).first()
+    if row is None or row[0] is None:
+        return None, None
+    return int(row[0]), int(row[1])
+
+
+def _grid_query(
+    ids: list[int], names: Sequence[str] | None, lo: int, stride: int
+) -> sa.Select[Any]:
+    """metric_curves' rows on the grid lo + k * stride, plus each series' first and last."""
+    m, r = _metrics.c, _runs.c
+    series = (m.run_id, m.name)
+    inner = sa.select(
+        m.run_id,
+        m.step,
+        m.name,
+        m.value,
+        sa.func.min(m.step).over(partition_by=series).label("first"),
+        sa.func.max(m.step).over(partition_by=series).label("last"),
+    ).where(m.run_id.in_(ids))
+    if names is not None:
+        inner = inner.where(m.name.in_([str(n) for n in names]))
+    sub = inner.subquery()
+    c = sub.c
+    on_grid = (c.step - int(lo)) % int(stride) == 0
+    return (
+        sa.select(c.run_id, r.arm, r.seed, c.step, c.name, c.value)
+        .join_from(sub, _runs, c.run_id == r.id)
+        .where(sa.or_(on_grid, c.step == c.first, c.step == c.last))
+        .order_by(c.run_id, c.name, c.step)
+    )
 
 
 def evaluation_curves(
@@ -375,10 +447,19 @@ def metric_names(engine: sa.Engine, run_ids: Sequence[int]) -> list[str]:
     ids = [int(r) for r in run_ids]
     if not ids:
         return []
-    m = _metrics.c
-    query = sa.select(m.name).where(m.run_id.in_(ids)).distinct().order_by(m.name)
+    m, s = _metrics.c, RUN_METRIC_SUMMARIES.c
     with engine.connect() as conn:
-        return [str(name) for name in conn.execute(query).scalars()]
+        # Ended runs from their summaries (a row per name), the others from their rows.
+        done = summaries.summarized(conn, ids)
+        names: set[str] = set()
+        if done:
+            query = sa.select(s.name).where(s.run_id.in_(sorted(done))).distinct()
+            names.update(str(n) for n in conn.execute(query).scalars())
+        rest = [r for r in ids if r not in done]
+        if rest:
+            query = sa.select(m.name).where(m.run_id.in_(rest)).distinct()
+            names.update(str(n) for n in conn.execute(query).scalars())
+    return sorted(names)
 
 
 # --- samples -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ the call fails with one line naming the store (db.errors.StoreUnavailable).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ import sqlalchemy as sa
 
 from dapo_common.util import first_line
 from db import engine as db_engine
+from db import summaries
 from db.errors import NotFound, StoreUnavailable
 from db.models import (
     EVALUATIONS,
@@ -515,6 +517,8 @@ class Store:
         "completed" clears the error unless one is given. `outage_s`: this call's outage
         budget."""
         self._update(RUNS, run_id, _run_values("update_run", fields), "run", outage_s=outage_s)
+        if "status" in fields:
+            self._summarize(run_id, str(fields["status"]))
 
     def end_attempt(
         self, run_id: int, status: str, *, outage_s: float | None = None, **fields: Any
@@ -528,7 +532,27 @@ class Store:
             )
         values = _run_values("end_attempt", {**fields, "status": status})
 
-        return self._update_current(run_id, values, outage_s=outage_s)
+        ended = self._update_current(run_id, values, outage_s=outage_s)
+        if ended:
+            self._summarize(run_id, status)
+        return ended
+
+    def _summarize(self, run_id: int, status: str) -> None:
+        """After a status write: an ended run's metric summaries (db.summaries) are written
+        from its rows, a running one's dropped (its rows may change again). A summary is a
+        cache the readers fall back from, so an outage here is not the caller's failure and is
+        not waited out (the status write before it already was): the run has ended either
+        way, and its rows are read until a later status write."""
+
+        def work() -> None:
+            with write_transaction(self.engine) as conn:
+                if status in TERMINAL_STATUSES:
+                    summaries.write_summaries(conn, [int(run_id)])
+                else:
+                    summaries.drop_summaries(conn, [int(run_id)])
+
+        with contextlib.suppress(StoreUnavailable):
+            self._retry(work, outage_s=0.0)
 
     def supersede(self, run_id: int, by: int, why: str) -> bool:
         """Record that the newer attempt `by` took over from attempt `run_id` (superseded_by);
