@@ -23,6 +23,7 @@ _REGISTRARS: tuple[str, ...] = (
     "dapo_core.config_cli",
     "flows.commands",
     "flows.sweep_rm",  # after flows.commands: `rm` is an action of its `sweep` parser
+    "db.annotations_cli",  # after flows.sweep_rm: `hide` joins `dapo sweep`'s actions
     "flows.deploy",
     "db.cli",
     "db.aa_cli",

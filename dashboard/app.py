@@ -13,6 +13,7 @@ import sqlalchemy as sa
 import streamlit as st
 
 from dapo_common.util import first_line
+from dashboard import notes
 
 VIEWS = Path(__file__).parent / "views"
 
@@ -39,6 +40,7 @@ pages = [
 ]
 page = st.navigation(pages)
 st.sidebar.markdown("**DAPO Lab** · ablations of arXiv 2503.14476")
+notes.hidden_switch()  # once here: every page's sweep lists read it
 try:
     page.run()
 except (ValueError, ConnectionError, sa.exc.SQLAlchemyError) as error:

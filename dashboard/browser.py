@@ -173,6 +173,24 @@ class Page:
         missing = [n for n in wanted if n not in text]
         raise TimeoutError(f"not on the page after {timeout_s:g} s: {missing}\n{text[:3000]}")
 
+    def set_viewport(self, width: int, height: int) -> None:
+        """Lay the page out as a window of `width` x `height` CSS pixels (a laptop's 1440 px,
+        say), whatever size the browser started with."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=int(width),
+            height=int(height),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+
+    def evaluate(self, expression: str) -> Any:
+        """The JSON value of a JavaScript expression evaluated in the page."""
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"script failed: {result['exceptionDetails'].get('text')}")
+        return result.get("result", {}).get("value")
+
     def screenshot(self, path: Path) -> bytes:
         """A PNG of the viewport, written to `path` and returned."""
         data = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])

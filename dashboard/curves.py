@@ -10,13 +10,16 @@ the mean over seeds (db.stats, as in the ablation table); one seed has none.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
+from dapo_common import metric_names
 from db import stats
 
+DEFAULT_SMOOTHING = 0.6  # the EMA weight the curves page starts with (TensorBoard's default)
 BAND_COLUMNS = ["arm", "name", "step", "x", "mean", "low", "high", "min", "max", "n_seeds"]
 
 
@@ -38,6 +41,34 @@ def ema(values: Sequence[float], weight: float) -> np.ndarray:
         running = x if np.isnan(running) else weight * running + (1.0 - weight) * x
         out[i] = running
     return out
+
+
+# The wall-clock x-axis: minutes since the run began, the running sum of its steps' own
+# `time/step_s` (a run that resumed carries its earlier steps over, so its clock does too).
+# Not stored: derived here, named like a metric so that attach_x and eval_band take it as one.
+WALL_CLOCK = "time/wall_min"
+WALL_CLOCK_LABEL = "wall-clock (min)"
+
+
+def x_axes() -> dict[str, str]:
+    """The x-axes a curve can be drawn against: label -> metric (the counters, wall-clock)."""
+    return {**metric_names.X_AXES, WALL_CLOCK_LABEL: WALL_CLOCK}
+
+
+def with_wall_clock(curves: pd.DataFrame, times: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`curves` (long frame) plus WALL_CLOCK rows: per run, the cumulative sum of
+    `time/step_s` over its steps, in minutes (steps 0, 1, 2 at 30 s each -> 0.5, 1.0, 1.5).
+    `times`: where the step times come from (default `curves`); pass every step's, since a
+    sum over a downsampled read (db.reads.metric_curves' max_points) would skip steps."""
+    source = curves if times is None else times
+    steps = source[source["name"] == metric_names.STEP_S].sort_values(["run_id", "step"])
+    if steps.empty:
+        return curves
+    clock = steps.assign(
+        name=WALL_CLOCK,
+        value=steps.groupby("run_id")["value"].transform(lambda s: s.fillna(0.0).cumsum() / 60.0),
+    )
+    return pd.concat([curves, clock], ignore_index=True)
 
 
 def attach_x(curves: pd.DataFrame, x_metric: str | None) -> pd.DataFrame:
@@ -112,15 +143,27 @@ def eval_band(evals: pd.DataFrame, counters: pd.DataFrame, x_metric: str | None)
     return seed_band(frame)
 
 
-def value_domain(band: pd.DataFrame) -> list[float] | None:
+def value_domain(band: pd.DataFrame, *, log: bool = False) -> list[float] | None:
     """The y range of the seeds' own values (min..max, padded 5%): the chart keeps it and clips
-    a wider interval band at its edges, so two seeds' wide t-band cannot flatten the lines."""
-    low = pd.concat([band["min"], band["mean"]]).min()
-    high = pd.concat([band["max"], band["mean"]]).max()
-    if pd.isna(low) or pd.isna(high):
+    a wider interval band at its edges, so two seeds' wide t-band cannot flatten the lines.
+    `log`: the positive values only, padded by a factor (5% of the range in decades)."""
+    values = pd.concat([band["min"], band["mean"], band["max"]]).dropna()
+    if log:
+        values = values[values > 0]
+    if values.empty:
         return None
+    low, high = float(values.min()), float(values.max())
+    if log:
+        ratio = (high / low) ** 0.05 if high > low else 1.1
+        return [low / ratio, high * ratio]
     pad = 0.05 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
-    return [float(low - pad), float(high + pad)]
+    return [low - pad, high + pad]
+
+
+def log_ready(band: pd.DataFrame) -> bool:
+    """Whether a log-scale y can show this band: every mean and seed value is above 0."""
+    values = pd.concat([band["min"], band["mean"]]).dropna()
+    return bool(len(values)) and bool((values > 0).all())
 
 
 def curve_band(
@@ -145,10 +188,15 @@ def band_chart(
     title: str | None = None,
     points: bool = False,
     bounds: tuple[str, str] = ("low", "high"),
+    raw: pd.DataFrame | None = None,
+    log_y: bool = False,
 ) -> alt.LayerChart:
     """One metric: a line per arm (mean over seeds) over its shaded band, the 95% interval over
     seeds by default (`bounds`: a pair of seed_band's columns). The band's edges are drawn as
-    thin dashed lines in the arm's colour, so overlapping bands of several arms stay apart."""
+    thin dashed lines in the arm's colour, so overlapping bands of several arms stay apart.
+    `raw`: the unsmoothed band (seed_band of the same runs), drawn as a faint line behind the
+    smoothed one, so smoothing never hides a spike. `log_y`: a log-scale y (positive values;
+    see log_ready)."""
     data = band[band["name"] == metric]
     low, high = bounds
     scale = alt.Scale(domain=list(arms), scheme="category10")
@@ -157,8 +205,13 @@ def band_chart(
     legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3)
     colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm", legend=legend)
     x = alt.X("x:Q", title=x_title)
-    domain = value_domain(data)
-    y_scale = alt.Scale(domain=domain, zero=False) if domain else alt.Scale(zero=False)
+    raw_data = None if raw is None else raw[raw["name"] == metric]
+    # the faint raw line is part of what is shown: the range covers it too
+    domain = value_domain(
+        data if raw_data is None else pd.concat([data, raw_data], ignore_index=True), log=log_y
+    )
+    kind: Literal["log", "linear"] = "log" if log_y else "linear"
+    y_scale = alt.Scale(type=kind, domain=domain, zero=False) if domain else alt.Scale(type=kind)
     banded = alt.Chart(data.dropna(subset=[low, high]))
     # Every layer has the same colour encoding: a layer with legend=None removes the merged
     # legend of the whole chart, not only its own symbols.
@@ -189,8 +242,38 @@ def band_chart(
             ],
         )
     )
-    layered = alt.LayerChart(layer=[area, *edges, line])
+    behind = []
+    if raw_data is not None and not raw_data.empty:
+        behind.append(
+            alt.Chart(raw_data)
+            .mark_line(strokeWidth=1.2, opacity=0.3, clip=True)
+            .encode(x=x, y=alt.Y("mean:Q", title=metric, scale=y_scale), color=colour)
+        )
+    layered = alt.LayerChart(layer=[*behind, area, *edges, line])
     return layered.properties(title=title or metric, height=height)
+
+
+def chart_data(band: pd.DataFrame, x_title: str, raw: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What a chart plots, as a table to download: per arm, metric and step the x value, the
+    mean over seeds, its 95% interval, the seeds' range and n (with `raw`, the unsmoothed mean
+    beside the smoothed one)."""
+    out = band.rename(
+        columns={
+            "name": "metric",
+            "x": x_title,
+            "low": "low (95%)",
+            "high": "high (95%)",
+            "min": "seed min",
+            "max": "seed max",
+            "n_seeds": "seeds",
+        }
+    )
+    if raw is not None and not raw.empty:
+        unsmoothed = raw[["arm", "name", "step", "mean"]].rename(
+            columns={"name": "metric", "mean": "mean (raw)"}
+        )
+        out = out.merge(unsmoothed, on=["arm", "metric", "step"], how="left")
+    return out.reset_index(drop=True)
 
 
 def final_values(

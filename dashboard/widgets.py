@@ -13,7 +13,7 @@ import sqlalchemy as sa
 import streamlit as st
 
 from dapo_common.util import first_line
-from dashboard import rerun, source
+from dashboard import notes, rerun, source
 from dashboard.shaping import status_badge
 from db import ablation, reads
 
@@ -63,7 +63,11 @@ def live_refresh(*, running: bool) -> bool:
 
 
 def sweep_label(row: pd.Series) -> str:
-    return f"#{row['sweep_id']} · {row['name']} · {row['status']}"
+    """'#3 · ladder · completed', then its tags and whether it is hidden, when it has any."""
+    label = f"#{row['sweep_id']} · {row['name']} · {row['status']}"
+    if row.get("tags"):
+        label += f" · [{row['tags']}]"
+    return label + (" · hidden" if row.get("hidden") else "")
 
 
 def pick_sweep(
@@ -75,17 +79,29 @@ def pick_sweep(
 ) -> int | None:
     """A sweep selectbox (newest first) backed by the query parameter `param`.
 
-    Without a sweep in the URL, `preferred` (else the newest sweep) is selected. Returns None,
-    after telling the user, when the store has no sweeps.
+    Without a sweep in the URL, `preferred` (else the newest sweep) is selected. Hidden sweeps
+    are left out unless the sidebar's switch shows them (dashboard.notes), except the one the
+    URL or `preferred` names. Returns None, after telling the user, when there is nothing to pick.
     """
-    sweeps = ablation.list_sweeps(engine)
+    # the picker's columns only: list_sweeps computes every sweep's table (issue 27)
+    sweeps = ablation.sweep_choices(engine)
     if sweeps.empty:
         st.info(NO_SWEEPS)
         return None
+    sweeps = notes.with_sweep_annotations(sweeps, engine)
     sweeps = sweeps.sort_values("sweep_id", ascending=False).reset_index(drop=True)
-    ids = [int(s) for s in sweeps["sweep_id"]]
-    labels = {int(r["sweep_id"]): sweep_label(r) for _, r in sweeps.iterrows()}
     wanted = query_int(param) if param else None
+    hidden = {int(s) for s, h in zip(sweeps["sweep_id"], sweeps["hidden"], strict=True) if h}
+    shown = notes.show_hidden()
+    keep = [s for s in (wanted, preferred) if s is not None]
+    ids = notes.visible(sweeps["sweep_id"], hidden, show=shown, keep=keep)
+    if not ids:
+        st.info(
+            f"Every sweep of this store is hidden ({len(hidden)}): switch on *Show hidden "
+            "sweeps* in the sidebar, or `dapo sweep unhide ID`."
+        )
+        return None
+    labels = {int(r["sweep_id"]): sweep_label(r) for _, r in sweeps.iterrows()}
     if wanted is not None and wanted not in labels:
         st.warning(f"No sweep with id {wanted}; showing the newest sweep instead.")
         wanted = None

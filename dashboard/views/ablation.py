@@ -5,8 +5,9 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboard import shaping, widgets
+from dashboard import layout, notes, shaping, widgets
 from db import ablation, grids, reads, table_format
+from db import annotations as ann
 
 st.title("Ablation ladder")
 
@@ -17,6 +18,7 @@ if picked is None:
 sweep_id: int = int(picked)  # named once more: the fragment below is a closure mypy can't narrow
 
 sweep = reads.sweep_details(engine, sweep_id)
+notes.show(engine, ann.Target(sweep_id))
 live = widgets.live_refresh(running=sweep["status"] == "running")
 
 
@@ -55,19 +57,13 @@ def ablation_body() -> None:
             st.markdown(line)
 
     styled = shaping.style_ablation(table)
-    right = {
-        column: st.column_config.TextColumn(column, alignment="right")
-        for column in shaping.number_columns(styled.data)
-    }
+    # Key columns first, at widths that fit a 1440 px screen together (dashboard.layout).
     st.dataframe(
         styled,
         hide_index=True,
         width="stretch",
-        column_config={
-            **right,
-            "arm": st.column_config.TextColumn("arm", pinned=True),
-            "adds": st.column_config.TextColumn("adds", width="medium"),
-        },
+        column_order=layout.ablation_order(list(styled.data.columns)),
+        column_config=layout.ablation_columns(shaping.number_columns(styled.data)),
     )
     # Where to look next: whether each arm's mechanism acted, and a grid's points against
     # the swept value (links keep the sweep).
@@ -124,18 +120,23 @@ with st.expander("Runs of this sweep"):
     if runs.empty:
         st.caption("No runs yet.")
     else:
-        listed = runs.assign(
+        listed = notes.with_run_annotations(runs, engine, sweep_id).assign(
             page="run?run=" + runs["run_id"].astype(str),
             status=runs["status"].map(shaping.status_badge),
         )
+        columns = ["page", "arm", "seed", "attempt", "status", "tags", "note", "steps", "wall_s"]
         st.dataframe(
-            listed[["page", "arm", "seed", "attempt", "status", "steps", "wall_s", "error"]],
+            listed[[*columns, "error"]],
             hide_index=True,
             width="stretch",
             column_config={
                 "page": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)")
             },
         )
+
+with st.expander("Tags and note of this sweep"):
+    notes.editor(engine, ann.Target(sweep_id), key="ablation-notes")
+    st.caption("A run's own tags and note are on its page (Run).")
 
 with st.expander("Rerun an arm"):
     seeds = sorted({int(s) for s in runs["seed"]}) if not runs.empty else []

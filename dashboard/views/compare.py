@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dapo_common import metric_names
-from dashboard import configs, curves, sweep_compare, widgets
+from dashboard import configs, curves, notes, sweep_compare, widgets
 from db import ablation, reads
 
 st.title("Compare two runs")
@@ -64,12 +64,17 @@ if frames:
 
 # --- curves across sweeps -----------------------------------------------------------------
 st.subheader("Curves across sweeps")
-every_sweep = ablation.list_sweeps(engine).sort_values("sweep_id", ascending=False)
+every_sweep = ablation.sweep_choices(engine)  # labels only, not every sweep's table
+every_sweep = notes.with_sweep_annotations(every_sweep, engine)
 sweep_labels = {int(r["sweep_id"]): widgets.sweep_label(r) for _, r in every_sweep.iterrows()}
+both_sweeps = sorted({int(a["sweep_id"]), int(b["sweep_id"])})
+hidden = {int(s) for s, h in zip(every_sweep["sweep_id"], every_sweep["hidden"], strict=True) if h}
+# hidden sweeps only with the sidebar's switch on (the two runs' own sweeps are always offered)
+offered = notes.visible(sweep_labels, hidden, show=notes.show_hidden(), keep=both_sweeps)
 picked_sweeps = st.multiselect(
     "Sweeps",
-    list(sweep_labels),
-    default=sorted({int(a["sweep_id"]), int(b["sweep_id"])}),
+    offered,
+    default=both_sweeps,
     format_func=lambda i: sweep_labels[i],
     key="xs-sweeps",
 )

@@ -8,6 +8,8 @@ from dapo_common import metric_names
 from dashboard import curves, widgets
 from db import ablation, reads, table_format
 
+CURVE_POINTS = 1000  # steps read per (run, metric) unless the full series is asked for
+
 st.title("Training curves")
 engine = widgets.store()
 sweep_id = widgets.pick_sweep(engine)
@@ -24,12 +26,13 @@ table = ablation.ablation_table(engine, sweep_id)
 ladder = list(table["arm"])
 arms_present = [a for a in ladder if a in set(latest["arm"])]
 
-# The paper's x-axis is gradient updates: the default here too.
-x_axes = dict(metric_names.X_AXES)
+# The paper's x-axis is gradient updates: the default here too. Wall-clock minutes are summed
+# from the steps' own times (dashboard.curves.with_wall_clock).
+x_axes = curves.x_axes()
 default_x = next(
     (i for i, name in enumerate(x_axes.values()) if name == metric_names.GRAD_UPDATES), 0
 )
-c1, c2, c3 = st.columns([1, 1, 1])
+c1, c2, c3, c4 = st.columns([1, 1, 1, 0.6])
 x_label = c1.selectbox("x-axis", list(x_axes), index=default_x, key="curve-x")
 band_label = c2.selectbox(
     "Band",
@@ -38,8 +41,20 @@ band_label = c2.selectbox(
     help="The 95% interval of the mean over seeds (t over seeds, as in the table; two seeds "
     "give a wide one), or simply the range the seeds span.",
 )
+# Smoothed by default (TensorBoard's 0.6): per-step metrics of small batches are noisy; the
+# raw mean is drawn faintly behind, so a spike stays visible.
 weight = c3.slider(
-    "Smoothing of training metrics (EMA)", 0.0, 0.95, 0.0, 0.05, key="curve-smoothing"
+    "Smoothing of training metrics (EMA)",
+    0.0,
+    0.95,
+    curves.DEFAULT_SMOOTHING,
+    0.05,
+    key="curve-smoothing",
+    help="Exponential moving average over steps, per run, before seeds are folded; the faint "
+    "line is the unsmoothed mean. 0 turns it off.",
+)
+log_y = c4.toggle(
+    "Log y", key="curve-log", help="A log-scale y axis (metrics with values ≤ 0 stay linear)."
 )
 bounds = curves.BANDS[band_label]
 band_text = (
@@ -53,10 +68,14 @@ if not arms:
     st.stop()
 x_metric: str | None = x_axes[x_label]
 counters = reads.metric_curves(
-    engine, [int(r) for r in latest["run_id"]], names=list(metric_names.X_AXES.values())
+    engine,
+    [int(r) for r in latest["run_id"]],
+    names=[*metric_names.X_AXES.values(), metric_names.STEP_S],
 )
+counters = curves.with_wall_clock(counters)
 if x_metric not in set(counters["name"]):
-    st.warning(f"`{x_metric}` was not logged: plotting against the rollout step instead.")
+    missing = metric_names.STEP_S if x_metric == curves.WALL_CLOCK else x_metric
+    st.warning(f"`{missing}` was not logged: plotting against the rollout step instead.")
     x_metric, x_label = None, "rollout step"
 
 # --- the held-out score: the runs behind the ablation table, the starting model at x = 0 ---
@@ -82,12 +101,21 @@ else:
             title=metric,
             points=True,
             bounds=bounds,
+            log_y=log_y and curves.log_ready(band),
         )
         st.altair_chart(chart, width="stretch")
         st.caption(
             f"{metric} against {x_label}: line = mean over seeds, band = {band_text}, step 0 = "
             "the starting model; the attempts behind the ablation table. A band wider than the "
             "seeds' range is clipped at the chart's edge."
+        )
+        st.download_button(
+            "Download the held-out curve (CSV)",
+            curves.chart_data(band, x_label).to_csv(index=False),
+            file_name=f"heldout-sweep{sweep_id}.csv",
+            mime="text/csv",
+            icon=":material/download:",
+            key="curve-heldout-csv",
         )
 
 # --- training metrics ----------------------------------------------------------------------
@@ -104,17 +132,54 @@ if not chosen:
     st.info("Pick at least one metric.")
     st.stop()
 selected = latest[latest["arm"].isin(arms)]
-names = [*chosen, x_metric] if x_metric is not None else chosen
-long = reads.metric_curves(engine, [int(r) for r in selected["run_id"]], names=names)
+# the wall clock is not stored: it comes from every step's time in `counters`, below
+names = [*chosen, x_metric] if x_metric not in (None, curves.WALL_CLOCK) else chosen
+# Long runs are read downsampled by the database (db.reads.metric_curves: a common step grid
+# plus each series' ends, so seeds and the x-axis stay aligned); one click reads every step.
+full_series = st.toggle(
+    "Full series",
+    value=False,
+    key="curve-full",
+    help=f"Off: at most about {CURVE_POINTS} steps per run and metric (a spike between two "
+    "kept steps can hide). On: every logged step.",
+)
+long = reads.metric_curves(
+    engine,
+    [int(r) for r in selected["run_id"]],
+    names=names,
+    max_points=None if full_series else CURVE_POINTS,
+)
+if x_metric == curves.WALL_CLOCK:
+    long = curves.with_wall_clock(long, counters)
 band = curves.curve_band(long, chosen, x_metric, weight)
+# the unsmoothed mean, drawn faintly behind the smoothed line (and beside it in the CSV)
+raw = curves.curve_band(long, chosen, x_metric, 0.0) if weight > 0 else None
+smoothing = f"smoothed (EMA {weight:g}; faint line: unsmoothed)" if weight > 0 else "unsmoothed"
 st.caption(
-    f"{selected['seed'].nunique()} seed(s) per arm: line = mean over seeds, band = {band_text}. "
-    "Latest attempt of each (arm, seed)."
+    f"{selected['seed'].nunique()} seed(s) per arm: line = mean over seeds, {smoothing}, band = "
+    f"{band_text}. Latest attempt of each (arm, seed)."
 )
 grid = st.columns(2)
+linear = []
 for i, metric in enumerate(chosen):
-    if band[band["name"] == metric].empty:
+    mine = band[band["name"] == metric]
+    if mine.empty:
         grid[i % 2].info(f"No values of `{metric}` for these arms.")
         continue
-    chart = curves.band_chart(band, metric, arms, x_label, bounds=bounds)
+    log = log_y and curves.log_ready(mine)
+    if log_y and not log:
+        linear.append(metric)
+    chart = curves.band_chart(band, metric, arms, x_label, bounds=bounds, raw=raw, log_y=log)
     grid[i % 2].altair_chart(chart, width="stretch")
+if linear:
+    st.caption(f"Linear y (values ≤ 0, which a log scale cannot show): {', '.join(linear)}.")
+st.download_button(
+    "Download the plotted data (CSV)",
+    curves.chart_data(band, x_label, raw).to_csv(index=False),
+    file_name=f"curves-sweep{sweep_id}.csv",
+    mime="text/csv",
+    icon=":material/download:",
+    key="curve-csv",
+    help="Per arm, metric and step: the x value, the mean over seeds as drawn (smoothed), "
+    "its 95% interval, the seeds' range and count, and the unsmoothed mean.",
+)

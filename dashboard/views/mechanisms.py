@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboard import mechanisms, widgets
+from dashboard import layout, mechanisms, widgets
 from db import mechanisms as mech_text
 from db import reads
 from db.mechanism_table import mechanism_table
@@ -65,10 +65,13 @@ if summary.empty:
     st.info("No arm changes a key with a mechanism metric (or no arm has a parent).")
 else:
     css = mechanisms.signature_css(table, summary)
+    # What moved (arm, metric, Δ parent) first, so it fits a 1440 px screen (dashboard.layout).
     st.dataframe(
         summary.style.hide(axis="index").apply(lambda _: css, axis=None),
         hide_index=True,
         width="stretch",
+        column_order=layout.signature_order(list(summary.columns)),
+        column_config=layout.signature_columns(list(summary.columns)),
     )
 
 st.subheader("Every metric")
@@ -76,11 +79,16 @@ cell_label = st.radio(
     "Cells", list(mechanisms.CELLS), horizontal=True, key="mech-cells", label_visibility="collapsed"
 )
 cell = mechanisms.CELLS[str(cell_label)]
+wide = mechanisms.style_wide(table, cell)
 st.dataframe(
-    mechanisms.style_wide(table, cell),
+    wide,
     hide_index=True,
     width="stretch",
-    column_config={"arm": st.column_config.TextColumn("arm", pinned=True)},
+    column_order=layout.wide_order(list(wide.data.columns)),
+    column_config={
+        "arm": st.column_config.TextColumn("arm", pinned=True, width=125),
+        "changes": st.column_config.TextColumn("changes", width="medium"),
+    },
 )
 st.caption(
     "Highlighted: a metric the arm's change is about; bold: a Δ whose 95% interval excludes 0."

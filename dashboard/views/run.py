@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from dapo_common.util import duration
-from dashboard import configs, shaping, widgets
+from dashboard import configs, notes, shaping, widgets
+from db import annotations as ann
 from db import reads, table_format
 
 st.title("Run")
@@ -16,6 +17,8 @@ if run_id is None:
 run = reads.run_details(engine, run_id)
 
 st.subheader(f"{run['arm']} · seed {run['seed']} · attempt {run['attempt']}")
+target = ann.Target(int(run["sweep_id"]), run_id)
+notes.show(engine, target)
 cols = st.columns(5)
 cols[0].metric("status", shaping.status_badge(run["status"]))
 cols[1].metric("steps", "—" if run["steps"] is None else f"{int(run['steps']):,}")
@@ -54,6 +57,8 @@ else:
         st.info(f"Same config as {left}.")
     else:
         st.dataframe(diff, hide_index=True, width="stretch")
+with st.expander("Tags and note of this run"):
+    notes.editor(engine, target, key="run-notes")
 with st.expander("Full config"):
     st.json(run["config"], expanded=False)
 

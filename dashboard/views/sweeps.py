@@ -1,25 +1,31 @@
-"""Sweeps: every ladder in the store, with its progress; refreshes itself while one runs."""
+"""Sweeps: every ladder in the store, with its progress, tags and note; refreshes itself while
+one runs. Hidden (trial) sweeps are listed only with the sidebar's "Show hidden sweeps" on."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import shaping, widgets
+from dashboard import layout, notes, shaping, widgets
 from db import ablation, table_format
+from db import annotations as ann
 
 st.title("Sweeps")
 engine = widgets.store()
-first = ablation.list_sweeps(engine)
+first = ablation.sweep_choices(engine)  # is there any, is one running: not every table
 if first.empty:
     st.info(widgets.NO_SWEEPS)
     st.stop()
 
 live = widgets.live_refresh(running=bool((first["status"] == "running").any()))
+shown_hidden = notes.show_hidden()
 
 
 @st.fragment(run_every=widgets.REFRESH_S if live else None)
 def sweeps_body() -> None:
-    sweeps = ablation.list_sweeps(engine).sort_values("sweep_id", ascending=False)
+    every = notes.with_sweep_annotations(ablation.list_sweeps(engine), engine)
+    hidden = {int(s) for s, h in zip(every["sweep_id"], every["hidden"], strict=True) if h}
+    keep = notes.visible(every["sweep_id"], hidden, show=shown_hidden)
+    sweeps = every[every["sweep_id"].isin(keep)].sort_values("sweep_id", ascending=False)
     frame = sweeps.assign(
         open="./?sweep=" + sweeps["sweep_id"].astype(str),
         status=sweeps["status"].map(shaping.status_badge),
@@ -28,40 +34,41 @@ def sweeps_body() -> None:
         best_arm=sweeps["best_arm"].fillna("—"),
         headline=sweeps["leader"].map(table_format.headline),
     )
+    if shown_hidden:  # say which of the listed ones are hidden
+        frame = frame.assign(name=[f"{n} (hidden)" if h else n for n, h in zip(
+            frame["name"], frame["hidden"], strict=True)])  # fmt: skip
     st.dataframe(
-        frame[
-            [
-                "open",
-                "sweep_id",
-                "name",
-                "preset",
-                "status",
-                "created_at",
-                "runs",
-                "progress",
-                "best_arm",
-                "headline",
-            ]
-        ],
+        frame[layout.SWEEP_ORDER],
         hide_index=True,
         width="stretch",
-        column_config={
-            "open": st.column_config.LinkColumn("table", display_text="open"),
-            "sweep_id": st.column_config.NumberColumn("sweep", format="%d"),
-            "created_at": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
-            "runs": "runs done / total",
-            "progress": st.column_config.ProgressColumn(
-                "progress", min_value=0.0, max_value=1.0, format="percent"
-            ),
-            "best_arm": "best arm",
-            "headline": st.column_config.TextColumn("which arm leads", width="large"),
-        },
+        column_order=layout.SWEEP_ORDER,
+        column_config=layout.sweep_columns(),
     )
+    left_out = len(every) - len(sweeps)
     st.caption(
-        f"{len(sweeps)} sweep(s). The best arm is named only when the arm with the highest mean "
-        "final score leads the runner-up significantly: the 95% t-interval of their difference, "
-        "paired by seed, lies above 0."
+        f"{len(sweeps)} sweep(s)"
+        + (
+            f", {left_out} hidden (Show hidden sweeps, in the sidebar, lists them)"
+            if left_out
+            else ""
+        )
+        + ". The best arm is named only when the arm with the highest mean final score leads the "
+        "runner-up significantly: the 95% t-interval of their difference, paired by seed, lies "
+        "above 0."
     )
 
 
 sweeps_body()
+
+with st.expander("Tags, note, hide"):
+    ids = [int(s) for s in first.sort_values("sweep_id", ascending=False)["sweep_id"]]
+    hidden_now = ann.hidden_sweeps(engine)
+    ids = notes.visible(ids, hidden_now, show=shown_hidden)
+    names = dict(zip(first["sweep_id"].astype(int), first["name"], strict=True))
+    if ids:
+        picked = st.selectbox(
+            "Sweep", ids, format_func=lambda i: f"#{i} · {names[i]}", key="sweeps-annotate"
+        )
+        notes.editor(engine, ann.Target(int(picked)), key="sweeps-notes")
+    st.caption("Or from a terminal: `dapo tag --sweep ID TAG`, `dapo note --sweep ID TEXT`, "
+               "`dapo sweep hide ID`.")  # fmt: skip
