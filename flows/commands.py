@@ -496,16 +496,32 @@ class Display:
             print(message, file=sys.stderr, flush=True)
 
 
+# Prefect's own setting for a flow run's heartbeats: honoured when the user sets it.
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+
+
 def _run_flow(fn: Any, display: Display, **params: Any) -> Any:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
 
     from flows import ray_worker
 
     progress.set_listener(display)
     # The server use_temporary_server chose, also for a Prefect that was imported before.
     api_url = os.environ.get("PREFECT_API_URL")
+    updates: dict[Any, Any] = {PREFECT_API_URL: api_url} if api_url else {}
+    if HEARTBEAT_ENV not in os.environ:
+        # No heartbeats from a terminal's flow runs. Each flow run (every arm is a subflow)
+        # starts a heartbeat thread that sleeps in 1 s steps, and its end waits for that thread:
+        # 0.5-1 s per arm (bench/bench_grid.py, 2026-11-25), for heartbeats nothing reads here:
+        # only the automation of `dapo deploy` does, for its deployments' runs (flows/deploy.py),
+        # and those get their frequency from the worker's environment, not from this process.
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
     try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+        with temporary_settings(updates=updates):
             return fn(**params, return_state=True)
     finally:
         progress.set_listener(None)

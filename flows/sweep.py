@@ -253,20 +253,36 @@ def _cancel_running(store: Store, sweep_id: int, jobs: list[plan.ArmJob]) -> Non
             continue
 
 
+def child_flow_runs(client: Any, parent_id: Any) -> list[Any]:
+    """Every flow run whose parent is `parent_id` (a sweep's arms), page by page: one read
+    returns at most the server's page (PREFECT_SERVER_API_DEFAULT_LIMIT, 200 by default), and
+    a sweep can have more arms than that. Pages are read in a fixed order (by id) until one
+    comes back empty; no limit is asked for, so a server with a smaller page works too."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    found: list[Any] = []
+    while True:
+        page = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])
+            ),
+            sort=FlowRunSort.ID_DESC,
+            offset=len(found),
+        )
+        if not page:
+            return found
+        found.extend(page)
+
+
 def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
     """A cancelled or crashed sweep cancels its arm flow runs (each then marks its own store
     run) and marks its sweep row, instead of leaving them "running"."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     try:
         with get_client(sync_client=True) as client:
-            children = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(
-                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id])
-                )
-            )
-            for child in children:
+            for child in child_flow_runs(client, flow_run.id):
                 cancel_flow_run(client, child.id)
     except Exception:  # best effort: the server may be going away too
         pass
