@@ -5,7 +5,8 @@ The module starts `prefect server start` (temporary PREFECT_HOME, a free port) a
 instance with 2 CPUs in this process (the workers join it through RAY_ADDRESS, so killing a
 worker never takes Ray with it), deploys to pool POOL, and starts workers as `dapo worker`
 subprocesses, each stopped by its pid. Tests run in file order: the first worker runs a sweep,
-then two workers share two arms, then one of them is killed in the middle of an arm.
+a sweep is submitted through the Prefect UI's own form in headless Chromium, then two workers
+share two arms, then one of them is killed in the middle of an arm.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,13 +24,16 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import prefect_ui
 import pytest
 import yaml
 from dapo_cli import stored_sweep
+from test_dashboard_browser import ARTIFACTS, find_chromium
 from test_flows_served import FAST, _healthy, _stop, _wait_for, prefect_client
 
 from dapo_common.util import free_port
 from dapo_core.train.run_dir import latest_step
+from dashboard import browser
 from flows import deploy, ray_worker
 from flows.params import SweepParams, validate
 
@@ -51,6 +56,10 @@ class Team:
     work: Path
     ray_address: str
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def ui_url(self) -> str:
+        return self.api_url.removesuffix("/api")
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
@@ -111,11 +120,16 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     home = work / "prefect-server"
     home.mkdir()
     port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
+        # The UI, for the form test: the v1 app (the one it drives) at /, reading this API
+        # (left unset, the UI's pages would call the default port 4200).
+        "PREFECT_UI_ENABLED": "true",
+        "PREFECT_SERVER_UI_V2_ENABLED": "false",
+        "PREFECT_UI_API_URL": api_url,
     }
     env.pop("PREFECT_API_URL", None)
     log = work / "server.log"
@@ -128,7 +142,6 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    api_url = f"http://127.0.0.1:{port}/api"
     team = None
     try:
         _wait_for(lambda: _healthy(api_url), "the Prefect server", 120.0, server, log)
@@ -363,6 +376,68 @@ def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
             assert child.state.is_completed()
             assert submitted_by(team, child.id) == "w1"
             assert child.infrastructure_pid and int(child.infrastructure_pid) != worker.pid
+    _stop(worker, signal.SIGINT)
+
+
+# --- a sweep through the Prefect UI's form ------------------------------------------------------
+@pytest.mark.browser
+def test_a_sweep_submitted_through_the_prefect_ui_form_runs_on_the_worker_and_fills_the_store(
+    team: Team, deployed: str, tmp_path: Path
+) -> None:
+    """What the deploy message tells a user: Deployments → dapo-sweep → Run → Custom run, the
+    parameters typed as JSON, Submit; the flow run the form made is the pool's worker's."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from db import ablation, reads
+
+    exe = find_chromium()
+    worker = team.start_worker("form")
+    run_name = "sweep-from-the-form"
+    params = {
+        "preset": "tiny",
+        "arms": ["grpo"],
+        "seeds": [0],
+        "steps": 2,
+        "overrides": FAST,
+        "name": "submitted through the Prefect UI",
+    }
+
+    def runs_of_sweep_deployment() -> list[Any]:
+        with prefect_client(team.api_url) as client:
+            dep = client.read_deployment_by_name("ablation-sweep/dapo-sweep")
+            by_dep = DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+            return client.read_flow_runs(deployment_filter=by_dep)
+
+    before = {run.id for run in runs_of_sweep_deployment()}
+    with browser.open_page(exe) as page:
+        page.set_viewport(1400, 1400)  # the whole form, Submit included
+        prefect_ui.fill_custom_run(page, team.ui_url, "dapo-sweep", params, run_name)
+        shot = page.screenshot(tmp_path / "pool-form.png")
+        shown_id = prefect_ui.submit(page, run_name)
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000  # a drawn form, not blank
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "pool-form.png", ARTIFACTS / "pool-form.png")
+
+    # The form made exactly one run of the deployment: the one its page links to, named and
+    # parameterized as typed.
+    made = [run for run in runs_of_sweep_deployment() if run.id not in before]
+    assert [run.id for run in made] == [shown_id]
+    assert made[0].name == run_name and made[0].parameters == params
+    run = wait_final(team, shown_id)
+    assert run.state.is_completed(), (run.state, team.log("form").read_text()[-3000:])
+    assert run.work_pool_name == POOL and submitted_by(team, shown_id) == "form"
+    assert run.infrastructure_pid and int(run.infrastructure_pid) != worker.pid
+
+    st = store(team)
+    sweeps = ablation.list_sweeps(st.engine)
+    sweep_id = int(sweeps[sweeps["flow_run_id"] == str(shown_id)]["sweep_id"].iloc[0])
+    sweep = st.get_sweep(sweep_id)
+    assert sweep["status"] == "completed" and sweep["name"] == params["name"]
+    runs = reads.runs_of_sweep(st.engine, sweep_id)
+    assert list(runs["arm"]) == ["grpo"] and list(runs["seed"]) == [0]
+    assert list(runs["status"]) == ["completed"] and list(runs["steps"]) == [2]
+    curves = reads.metric_curves(st.engine, [int(runs["run_id"].iloc[0])])
+    assert not curves.empty and set(curves["step"]) >= {1, 2}
     _stop(worker, signal.SIGINT)
 
 
