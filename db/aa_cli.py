@@ -37,19 +37,12 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_aa(args: argparse.Namespace) -> int:
-    from db import aa, reads
-    from db import engine as db_engine
-    from db.cli import _explained, existing_store
+    from db import aa
+    from db.cli import _explained, read_only_store, sweep_or_latest
 
-    url = db_engine.resolve_url(args.store)
-    existing_store(url)
-    engine = db_engine.get_engine(url, read_only=True)
+    engine, url = read_only_store(args.store)
     with _explained(url):
-        sweep_id = args.sweep
-        if sweep_id is None:
-            sweep_id = reads.latest_sweep_id(engine)
-            if sweep_id is None:
-                raise ValueError(f"the store {db_engine.safe_url(url)} has no sweeps yet")
+        sweep_id = sweep_or_latest(engine, url, args.sweep)
         check = aa.aa_check(engine, sweep_id, args.arm, dataset=args.dataset, k=args.k)
     sys.stdout.write(aa.render(check))
     return 0

@@ -161,6 +161,31 @@ def existing_store(url: str) -> None:
 _existing = existing_store  # its earlier name (flows/export.py)
 
 
+def read_only_store(store: str | None) -> tuple[Any, str]:
+    """(engine, url) of an existing store, opened read-only: a table is a look, so it creates,
+    migrates and switches nothing (and works on a store in a read-only directory)."""
+    from db import engine as db_engine
+
+    url = db_engine.resolve_url(store)
+    existing_store(url)
+    return db_engine.get_engine(url, read_only=True), url
+
+
+def sweep_or_latest(engine: Any, url: str, sweep_id: int | None) -> int:
+    """The sweep asked for, else the store's latest; a store without sweeps is one line."""
+    from db import engine as db_engine
+    from db import reads
+
+    if sweep_id is not None:
+        return sweep_id
+    latest = reads.latest_sweep_id(engine)
+    if latest is None:
+        raise ValueError(
+            f"the store {db_engine.safe_url(url)} has no sweeps yet: start one with `dapo sweep`"
+        )
+    return int(latest)
+
+
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from db import engine as db_engine
     from db import migrate
@@ -217,23 +242,11 @@ def cmd_current(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from db import ablation, reads
-    from db import engine as db_engine
     from db.mechanism_table import mechanism_table
 
-    url = db_engine.resolve_url(args.store)
-    existing_store(url)
-    # Read-only: a table is a look, so it creates, migrates and switches nothing (and works on
-    # a store in a read-only directory).
-    engine = db_engine.get_engine(url, read_only=True)
+    engine, url = read_only_store(args.store)
     with _explained(url):
-        sweep_id = args.sweep
-        if sweep_id is None:
-            sweep_id = reads.latest_sweep_id(engine)
-            if sweep_id is None:
-                raise ValueError(
-                    f"the store {db_engine.safe_url(url)} has no sweeps yet: start one with "
-                    "`dapo sweep`"
-                )
+        sweep_id = sweep_or_latest(engine, url, args.sweep)
         if args.mechanisms:
             from db import mechanisms
 
