@@ -367,32 +367,62 @@ def _scores(evals: pd.DataFrame, dataset: str, k: int) -> dict[int, _SeedScore]:
     return out
 
 
-def _areas(
+@dataclass(frozen=True)
+class CurvePoint:
+    """One evaluated step of an (arm, seed)'s held-out curve: its avg@k and the attempt (and
+    run) that evaluated it."""
+
+    attempt: int
+    run_id: int
+    value: float
+
+
+Curves = dict[tuple[str, int], dict[int, CurvePoint]]  # (arm, seed) -> step -> point
+
+
+def held_out_curves(
     runs: pd.DataFrame, selected: pd.DataFrame, evals: pd.DataFrame, dataset: str, k: int
-) -> dict[tuple[str, int], float]:
-    """(arm, seed) -> the mean avg@k over the evaluated steps of its held-out curve, step 0
-    included: the area under the curve divided by its length, a sample-efficiency score (an
-    arm that gets there sooner scores higher at the same final score). The curve is that of
-    the attempts up to the selected one, a step evaluated twice (a resume that replayed it)
-    counting once with the newer attempt's value, so a resumed run's curve is whole. Without
-    a step-0 evaluation there is no area: the start weighs in every arm's mean alike."""
+) -> Curves:
+    """(arm, seed) -> step -> its avg@k on (dataset, k). The curve is that of the attempts up
+    to the selected one, a step evaluated twice (a resume that replayed it) counting once with
+    the newer attempt's value, so a resumed run's curve is whole."""
     scored = evals[(evals["dataset"] == dataset) & (evals["k"] == k)].dropna(subset=["avg_at_k"])
     attempt_of = {
         int(r.run_id): (str(r.arm), int(r.seed), int(r.attempt)) for r in runs.itertuples()
     }
     upto = {(str(r.arm), int(r.seed)): int(r.attempt) for r in selected.itertuples()}
-    curves: dict[tuple[str, int], dict[int, tuple[int, float]]] = {}
+    curves: Curves = {}
     for e in scored.itertuples():
         found = attempt_of.get(int(e.run_id))
         if found is None or found[2] > upto.get((found[0], found[1]), -1):
             continue
         curve = curves.setdefault((found[0], found[1]), {})
         step = int(e.step)
-        if step not in curve or found[2] > curve[step][0]:
-            curve[step] = (found[2], float(e.avg_at_k))
+        if step not in curve or found[2] > curve[step].attempt:
+            curve[step] = CurvePoint(found[2], int(e.run_id), float(e.avg_at_k))
+    return curves
+
+
+def sweep_curves(engine: sa.Engine, sweep_id: int, dataset: str, k: int) -> Curves:
+    """held_out_curves of a sweep's (arm, seed)s, up to each one's selected attempt (the one
+    that speaks for it in the table)."""
+    with engine.connect() as conn:
+        runs = sweep_runs(conn, sweep_id)
+        evals = _evaluation_frame(conn, int(sweep_id))
+    return held_out_curves(runs, selected_attempts(runs), evals, dataset, k)
+
+
+def _areas(
+    runs: pd.DataFrame, selected: pd.DataFrame, evals: pd.DataFrame, dataset: str, k: int
+) -> dict[tuple[str, int], float]:
+    """(arm, seed) -> the mean avg@k over the evaluated steps of its held-out curve
+    (held_out_curves), step 0 included: the area under the curve divided by its length, a
+    sample-efficiency score (an arm that gets there sooner scores higher at the same final
+    score). Without a step-0 evaluation there is no area: the start weighs in every arm's mean
+    alike."""
     return {
-        key: math.fsum(v for _, v in curve.values()) / len(curve)
-        for key, curve in curves.items()
+        key: math.fsum(p.value for p in curve.values()) / len(curve)
+        for key, curve in held_out_curves(runs, selected, evals, dataset, k).items()
         if 0 in curve
     }
 

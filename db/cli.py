@@ -105,7 +105,18 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="add sample efficiency: per arm, the mean held-out score over each run's "
         "evaluations (step 0 included: the area under the curve over its length) with its "
-        "interval over seeds and Δ to the parent paired by seed; CSV: area_* columns",
+        "interval over seeds and Δ to the parent paired by seed, and the gradient updates and "
+        "generated tokens until a run's first evaluation at or above --threshold (k/n seeds "
+        "reached it); CSV: area_* and *_to_threshold* columns",
+    )
+    table.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="the score for --efficiency's updates and tokens to threshold, in percent as the "
+        "table shows scores (35 = 35%%; implies --efficiency); default: midway between the "
+        "starting model's mean and the best arm's final mean",
     )
     table.add_argument(
         "--holm",
@@ -244,6 +255,8 @@ def cmd_table(args: argparse.Namespace) -> int:
     from db import ablation, reads
     from db.mechanism_table import mechanism_table
 
+    if args.threshold is not None and not 0.0 <= args.threshold <= 100.0:
+        raise ValueError(f"--threshold {args.threshold:g}: a score in percent, 0 to 100")
     engine, url = read_only_store(args.store)
     with _explained(url):
         sweep_id = sweep_or_latest(engine, url, args.sweep)
@@ -262,34 +275,51 @@ def cmd_table(args: argparse.Namespace) -> int:
             return 0
         table = ablation.ablation_table(engine, sweep_id, dataset=args.dataset, k=args.k)
         sweep = reads.sweep_details(engine, sweep_id)
+        reached = None
+        if args.efficiency or args.threshold is not None:
+            from db import efficiency
+
+            asked = None if args.threshold is None else args.threshold / 100.0
+            reached = efficiency.reach(engine, sweep_id, table, asked)
     out = table_format.render(table, args.format, sweep, wide=args.wide)
     # Holm's note speaks of the table's stars: right under it, before the efficiency table.
     if args.holm:
         out = _with_holm(out, args.format, ablation.holm_stars(table), wide=args.wide)
-    if args.efficiency:
-        out = _with_efficiency(out, args.format, table, wide=args.wide)
+    if args.efficiency or args.threshold is not None:
+        out = _with_efficiency(out, args.format, table, reached, wide=args.wide)
     sys.stdout.write(out)
     return 0
 
 
-def _with_efficiency(out: str, fmt: str, table: Any, *, wide: bool) -> str:
-    """The rendered table with the sample-efficiency table under it (text, Markdown), or in
-    CSV each arm's area and its paired Δ parent (percent, 95% interval, n, significance)."""
-    from db import ablation
+def _with_efficiency(out: str, fmt: str, table: Any, reached: Any, *, wide: bool) -> str:
+    """The rendered table with the sample-efficiency tables under it (text, Markdown): the
+    area, then the updates and tokens to threshold (efficiency.reach; None: no evaluation to
+    measure by); or in CSV each arm's area and its paired Δ parent (percent, 95% interval, n,
+    significance) and its *_to_threshold columns (efficiency.csv_fields)."""
+    from db import ablation, efficiency
 
     records = ablation.efficiency_records(table)
     if not records:
         return out
-    caption = ablation.efficiency_caption(table)
+    parts = [(ablation.efficiency_caption(table), records, ["parent", "final"])]
+    if reached is not None:
+        drop = ["parent", "Δ parent (tokens)", "Δ parent (updates)"]
+        parts.append((efficiency.reach_caption(reached), efficiency.reach_records(reached), drop))
     if fmt == "text":
         limit = None if wide else text.terminal_width()
-        shown, hidden = text.fit(records, limit, drop=["parent", "final"])
-        notes = f"{text.hidden_note(hidden, limit)}\n" if hidden else ""
-        body = table_format._aligned(shown, left={"arm", "parent"})
-        return f"{out.rstrip(chr(10))}\n\n{text.wrapped(caption, limit)}\n\n{body}\n{notes}"
+        out = out.rstrip(chr(10))
+        for caption, cells, drop in parts:
+            shown, hidden = text.fit(cells, limit, drop=drop)
+            notes = f"{text.hidden_note(hidden, limit)}\n" if hidden else ""
+            body = table_format._aligned(shown, left={"arm", "parent"})
+            out = f"{out}\n\n{text.wrapped(caption, limit)}\n\n{body}\n{notes}".rstrip(chr(10))
+        return out + "\n"
     if fmt == "markdown":
-        body = table_format._markdown(records, left={"arm", "parent"})
-        return f"{out.rstrip(chr(10))}\n\n{body}\n\n*{table_format._escape(caption)}*\n"
+        out = out.rstrip(chr(10))
+        for caption, cells, _ in parts:
+            body = table_format._markdown(cells, left={"arm", "parent"})
+            out = f"{out}\n\n{body}\n\n*{table_format._escape(caption)}*"
+        return out + "\n"
     import csv
     import io
 
@@ -301,6 +331,8 @@ def _with_efficiency(out: str, fmt: str, table: Any, *, wide: bool) -> str:
     for name in ("area", "area_delta_parent"):
         extra += [f"{name}_pct", f"{name}_low_pct", f"{name}_high_pct", f"{name}_n"]
     extra.append("area_delta_parent_significant")
+    to_threshold = efficiency.csv_fields(reached) if reached is not None else {}
+    extra += list(next(iter(to_threshold.values()), {}))
 
     def pct(value: float) -> Any:
         return "" if value != value else round(100.0 * float(value), 6)
@@ -316,6 +348,7 @@ def _with_efficiency(out: str, fmt: str, table: Any, *, wide: bool) -> str:
             row[f"{name}_low_pct"], row[f"{name}_high_pct"] = pct(estimate.low), pct(estimate.high)
             row[f"{name}_n"] = estimate.n
         row["area_delta_parent_significant"] = int(mine["area_delta_parent"].excludes_zero)
+        row.update({k: str(v) for k, v in to_threshold.get(row["arm"], {}).items()})
         writer.writerow(row)
     return buffer.getvalue()
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from dashboard import layout, notes, shaping, widgets
-from db import ablation, grids, reads, table_format
+from db import ablation, efficiency, grids, reads, table_format
 from db import annotations as ann
 
 st.title("Ablation ladder")
@@ -65,6 +66,16 @@ def ablation_body() -> None:
         column_order=layout.ablation_order(list(styled.data.columns)),
         column_config=layout.ablation_columns(shaping.number_columns(styled.data)),
     )
+    # Five Δs at 5% each: some star may be noise. The same note as `dapo table --holm`.
+    if st.checkbox(
+        "Holm",
+        key="ablation-holm",
+        help="Correct the Δ parent stars for testing every arm at once (Holm's step-down, "
+        "family-wise 5%): how many the table starred, and which stars it takes away.",
+    ):
+        st.caption(ablation.holm_note(ablation.holm_stars(table)))
+    with st.expander("Sample efficiency"):
+        efficiency_view(table)
     # Where to look next: whether each arm's mechanism acted, and a grid's points against
     # the swept value (links keep the sweep).
     more = f"[Mechanisms](mechanisms?sweep={sweep_id}): did each arm's change move its own metric?"
@@ -111,6 +122,30 @@ def ablation_body() -> None:
             ),
             width="stretch",
         )
+
+
+def efficiency_view(table: pd.DataFrame) -> None:
+    """`dapo table --efficiency`'s two tables: the area under the held-out curve, and the
+    gradient updates and tokens to a threshold (the default one unless a score is given)."""
+    st.caption(ablation.efficiency_caption(table))
+    st.dataframe(pd.DataFrame(ablation.efficiency_records(table)), hide_index=True)
+    asked = st.number_input(
+        "Threshold (%)",
+        min_value=0.0,
+        max_value=100.0,
+        value=None,
+        step=1.0,
+        key="ablation-threshold",
+        placeholder="default: midway from the start to the best arm",
+        help="The held-out score whose first reaching is timed, in percent as the table shows "
+        "scores (`dapo table --threshold`).",
+    )
+    found = efficiency.reach(engine, sweep_id, table, None if asked is None else asked / 100.0)
+    if found is None:
+        st.info("No step-0 evaluation or final score yet: no threshold to time.")
+        return
+    st.caption(efficiency.reach_caption(found))
+    st.dataframe(pd.DataFrame(efficiency.reach_records(found)), hide_index=True)
 
 
 ablation_body()
