@@ -61,9 +61,9 @@ def main() -> None:
     batches: list[tuple[list[Seq], int]] = []
     run = trainer.updater.run
 
-    def keep(seqs: list[Seq], n_groups: int, shuffle: torch.Generator) -> Any:
+    def keep(seqs: list[Seq], n_groups: int, shuffle: torch.Generator, **kw: Any) -> Any:
         batches.append((fresh(seqs), n_groups))
-        return run(seqs, n_groups, shuffle)
+        return run(seqs, n_groups, shuffle, **kw)  # kw: the trainer's `watch`
 
     trainer.updater.run = keep  # type: ignore[method-assign]
     for _ in range(args.batches):

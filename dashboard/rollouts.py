@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+from dashboard.token_colours import has_tokens
+
 # Keyword arguments of db.reads.samples for each filter of the page.
 FILTERS: dict[str, dict[str, Any]] = {
     "All": {},
@@ -129,6 +131,19 @@ def response_caption(sample: pd.Series) -> str:
         f"#{int(sample['idx'])} {verdict} · reward {float(sample['reward']):+.3g} · {adv} · "
         f"{int(sample['length'])} tokens{cut}"
     )
+
+
+NO_TOKENS = (
+    "No per-token data at this step (ratio, clip, entropy, eligibility): the run was recorded "
+    "before the trainer stored it, or trained none of these groups. Responses are plain text."
+)
+
+
+def group_tokens(group: pd.DataFrame, tokens: dict[int, Any]) -> dict[int, Any]:
+    """The usable per-token records (dashboard.token_colours.has_tokens) of a group's
+    responses, by sample index; a response without one is shown as plain text."""
+    records = {int(i): tokens.get(int(i)) for i in group["idx"]}
+    return {i: r for i, r in records.items() if has_tokens(r)}
 
 
 def group_size(config: dict[str, Any]) -> int | None:

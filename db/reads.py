@@ -555,6 +555,22 @@ def sample_groups(engine: sa.Engine, run_id: int, step: int) -> pd.DataFrame:
 SWEEP_RUN_COLUMNS = [*RUN_COLUMNS, "sweep_name", "config"]
 
 
+def sample_tokens(engine: sa.Engine, run_id: int, step: int) -> dict[int, dict[str, Any]]:
+    """The per-token records (`tokens` in `extra`: text, p_old, ratio, clip, entropy,
+    eligible lists) of a run's stored rollouts at one step, by sample index; rows written
+    before the trainer recorded them, and rollouts of groups it did not train, have none."""
+    s = _samples.c
+    query = sa.select(s.idx, s.extra).where(s.run_id == int(run_id), s.step == int(step))
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    out: dict[int, dict[str, Any]] = {}
+    for idx, extra in rows:
+        tokens = extra.get("tokens") if isinstance(extra, dict) else None
+        if isinstance(tokens, dict):
+            out[int(idx)] = tokens
+    return out
+
+
 def runs_of_sweeps(engine: sa.Engine, sweep_ids: Sequence[int]) -> pd.DataFrame:
     """Every attempt of the runs of several sweeps, by sweep then run id (SWEEP_RUN_COLUMNS:
     RUN_COLUMNS, the sweep's name and the run's config as a dict), for views that put arms

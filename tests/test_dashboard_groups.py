@@ -1,10 +1,13 @@
 """The rollout browser's group view and the compare page's curves across sweeps, run headless by
 streamlit's AppTest against small known stores; every number asserted is worked out by hand in
-a comment from the rows written here (or from tests/dashboard_fixtures.py)."""
+a comment from the rows written here (or from tests/dashboard_fixtures.py). The group view's
+per-token colouring is also opened in headless Chromium (skipped without it, as in
+test_dashboard_browser), its screenshot kept as tests/artifacts/rollout-tokens.png."""
 
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from dapo_core.train.rollout import advantages_by_group
+from dashboard import browser
+from dashboard import token_colours as tc
+from dashboard.rollouts import NO_TOKENS
 from db.store import Store
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -42,10 +48,32 @@ def sample(prompt: str, reward: float, *, truncated: bool = False, **extra: Any)
     }
 
 
+# Per-token records (dapo_core.train.rollout.token_record) of group 0's members 0 and 1, ε_low
+# 0.2, ε_high 0.28. Member 0 (A > 0): its "5" rose from p 0.1 to 0.14, r = 1.4 > 1.28, clipped
+# at the high bound, and eligible (0.1 < 1 / 1.28); ": " is eligible (0.5), unclipped.
+# Member 1 (A < 0): its "4" fell, r = 0.7 < 0.8, clipped at the low bound. Members 2 and 3
+# have none (shown as plain text), as have the rows of step 0 (a run recorded before).
+TOKENS_0 = {
+    "text": ["Answer", ": ", "5", "</s>"],
+    "p_old": [0.9, 0.5, 0.1, 0.95],
+    "ratio": [1.0, 1.1, 1.4, 1.0],
+    "clip": [0, 0, 1, 0],
+    "entropy": [0.3, 1.2, 2.0, 0.1],
+    "eligible": [0, 1, 1, 0],
+}
+TOKENS_1 = {
+    "text": ["Answer", ": ", "4", "</s>"],
+    "p_old": [0.9, 0.5, 0.6, 0.95],
+    "ratio": [1.0, 0.9, 0.7, 1.0],
+    "clip": [0, 0, -1, 0],
+    "entropy": [0.3, 1.0, 1.5, 0.1],
+    "eligible": [0, 0, 0, 0],
+}
+
 GROUP_SAMPLES = [
     sample("What is 7-2?", -1.5, truncated=True, group=2, member=3, advantage=None),
-    sample("What is 2+3?", -1.0, group=0, member=1, advantage=-A),
-    sample("What is 2+3?", 1.0, group=0, member=0, advantage=A),
+    sample("What is 2+3?", -1.0, group=0, member=1, advantage=-A, tokens=TOKENS_1),
+    sample("What is 2+3?", 1.0, group=0, member=0, advantage=A, tokens=TOKENS_0),
     sample("What is 7-2?", -1.0, group=2, member=1, advantage=None),
     sample("What is 2+3?", 1.0, group=0, member=3, advantage=A),
     sample("What is 2+3?", -1.0, group=0, member=2, advantage=-A),
@@ -67,6 +95,7 @@ def group_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     )
     with store.sink(run_id) as sink:
         sink.log_samples(1, GROUP_SAMPLES)
+        sink.log_samples(0, [{k: v for k, v in s.items() if k != "tokens"} for s in GROUP_SAMPLES])
     store.update_run(run_id, status="completed", steps=2)
     return url, run_id
 
@@ -121,8 +150,115 @@ def test_group_view_puts_a_prompts_responses_side_by_side(
     assert "#2 ✔ · reward +1 · A +0.866 · 12 tokens" in captions
     # Group 2's member 3 (idx 0): −1.5, no advantage, 64 tokens, truncated.
     assert "#0 ✖ · reward -1.5 · A — · 64 tokens · truncated" in captions
-    assert any("Per-token importance ratios" in c for c in captions)
+    assert NO_TOKENS not in captions  # this step has per-token records
     assert "prompt: What is 2+3?" in [t.value for t in at.text]
+
+
+def token_html(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if 'class="dapo-token"' in m.value]
+
+
+def test_group_view_colours_each_token(
+    group_store: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, run_id = group_store
+    at = open_page(url, "rollouts", monkeypatch, run=run_id)
+    at.radio(key="rollout-view").set_value("Groups").run()
+    colour = at.radio(key="rollout-token-colour")
+    assert colour.value == "ratio" and colour.options == list(tc.MODES.values())
+    # Group 0's members 0 and 1 as coloured spans (in member order), the other responses as
+    # text; one legend for group 0, the only group with records.
+    member0, member1 = token_html(at)
+    assert member0.count('class="dapo-token"') == member1.count('class="dapo-token"') == 4
+    assert "&lt;/s&gt;" in member0 and "</s>" not in member0.replace("</span>", "")
+    # Ratio: 1.4 is log 1.4 / log 1.5 = 0.83 of full red, 0.7 is log(1/0.7) / log 1.5 = 0.88
+    # of full blue; r = 1 is white.
+    assert f"background-color:{tc.mix(tc.RATIO_ABOVE, math.log(1.4) / math.log(1.5))}" in member0
+    assert f"background-color:{tc.mix(tc.RATIO_BELOW, -math.log(0.7) / math.log(1.5))}" in member1
+    assert "background-color:#ffffff" in member0
+    legends = [m.value for m in at.markdown if 'class="dapo-legend"' in m.value]
+    assert len(legends) == 1 and "ratio" in legends[0]
+    assert "#0 ✖ · reward -1.5 · A — · 64 tokens · truncated" in [c.value for c in at.caption]
+    assert "What is 2+3? -> +1" in [t.value for t in at.text]  # member 3: no record, plain text
+
+    at.radio(key="rollout-token-colour").set_value("clip").run()
+    assert not at.exception, [e.value for e in at.exception]
+    member0, member1 = token_html(at)
+    # Only the clipped tokens are coloured: "5" at the high bound, "4" at the low bound.
+    assert member0.count("background-color") == 1 and f"background-color:{tc.CLIP_HIGH}" in member0
+    assert member1.count("background-color") == 1 and f"background-color:{tc.CLIP_LOW}" in member1
+    # The hover title of "5" holds all its values.
+    assert (
+        'title="token 2: &#x27;5&#x27;&#10;p_old 0.1&#10;ratio 1.4 · clipped at the high bound'
+        '&#10;entropy 2 nats&#10;clip-eligible yes"' in member0
+    )
+
+    at.radio(key="rollout-token-colour").set_value("eligible").run()
+    member0, member1 = token_html(at)
+    assert member0.count(f"background-color:{tc.ELIGIBLE}") == 2  # ": " and "5"
+    assert "background-color" not in member1  # A < 0: nothing is eligible
+
+    at.radio(key="rollout-token-colour").set_value("entropy").run()
+    member0, _ = token_html(at)
+    # One scale for the group: its largest entropy, 2 nats ("5" is full purple).
+    assert f"background-color:{tc.mix(tc.ENTROPY_HIGH, 1.0)}" in member0
+    assert f"background-color:{tc.mix(tc.ENTROPY_HIGH, 0.6)}" in member0  # 1.2 / 2
+
+
+def test_a_step_recorded_before_tokens_says_so(
+    group_store: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, run_id = group_store
+    at = open_page(url, "rollouts", monkeypatch, run=run_id)
+    at.selectbox(key="rollout-step").set_value(0).run()
+    at.radio(key="rollout-view").set_value("Groups").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert NO_TOKENS in [c.value for c in at.caption]
+    assert not token_html(at)
+    assert not [r for r in at.radio if r.key == "rollout-token-colour"]
+    assert "What is 2+3? -> +1" in [t.value for t in at.text]
+
+
+CLICK_JS = """(() => {{ const label = Array.from(document.querySelectorAll('label'))
+  .find(l => l.innerText.trim() === {text!r});
+  if (!label) return false; label.click(); return true; }})()"""
+
+
+@pytest.mark.browser
+def test_token_view_in_chromium(group_store: tuple[str, int], tmp_path: Path) -> None:
+    from test_dashboard_browser import ARTIFACTS, find_chromium
+
+    exe = find_chromium()
+    url, run_id = group_store
+    env = {"PREFECT_HOME": str(tmp_path / "prefect")}
+    with (
+        open(tmp_path / "streamlit.log", "wb") as log,
+        browser.served(url, cwd=tmp_path, env=env, log=log) as base,
+        browser.open_page(exe) as page,
+    ):
+        page.set_viewport(1440, 1000)
+        page.goto(f"{base}/rollouts?run={run_id}")
+        page.wait_for(["Rollouts", "Groups"])
+        assert page.evaluate(CLICK_JS.format(text="Groups"))
+        page.wait_for(["Colour tokens by", "hover a token"])
+        assert page.evaluate(CLICK_JS.format(text="clipped"))
+        text = page.wait_for(["clipped (DAPO Eq. 10)", "Answer", "</s>"])
+        assert "Traceback" not in text
+        spans = page.evaluate(
+            "Array.from(document.querySelectorAll('.dapo-token'))"
+            ".map(s => [s.textContent, s.style.backgroundColor, s.title])"
+        )
+        # 8 token spans (group 0's members 0 and 1); the clipped ones coloured in the page.
+        assert len(spans) == 8
+        by_text = {(t, bg) for t, bg, _ in spans}
+        assert ("5", "rgb(244, 165, 130)") in by_text  # CLIP_HIGH #f4a582
+        assert ("4", "rgb(146, 197, 222)") in by_text  # CLIP_LOW #92c5de
+        assert any("clipped at the high bound" in title for _, _, title in spans)
+        page.evaluate("document.querySelector('.dapo-legend').scrollIntoView()")
+        data = page.screenshot(tmp_path / "rollout-tokens.png")
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "rollout-tokens.png", ARTIFACTS / "rollout-tokens.png")
 
 
 def test_responses_view_is_the_default_and_keeps_its_filter(

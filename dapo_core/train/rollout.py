@@ -411,10 +411,71 @@ def advantages_by_group(
     return out
 
 
+def batch_rows(
+    generated: Sequence[Group], batch: Sequence[Group], positions: Sequence[tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """The training rows (indices into the batch's sequences, group by group, as
+    dapo_core.train.batching.sequences lays them out) of the given (group index in
+    `generated`, member) positions, mapped back to them; a position whose group the batch
+    did not train on is left out."""
+    at, start = 0, {}
+    for g in batch:
+        start[id(g)] = at
+        at += len(g.rollouts)
+    out = {}
+    for gi, j in positions:
+        first = start.get(id(generated[gi]))
+        if first is not None:
+            out[first + j] = (gi, j)
+    return out
+
+
+def kept_positions(groups: Sequence[Group], k: int) -> list[tuple[int, int]]:
+    """(group index in `groups`, member) of the k rollouts keep_samples keeps: evenly spaced
+    over the step's responses, group by group."""
+    rs = [(gi, j) for gi, g in enumerate(groups) for j in range(len(g.rollouts))]
+    k = min(k, len(rs))
+    return [rs[i * len(rs) // k] for i in range(k)]
+
+
+def significant(x: float | None, digits: int = 4) -> float | None:
+    """`x` rounded to `digits` significant digits (None stays None): a stored trace's size."""
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def token_record(
+    text: Sequence[str],
+    logprob_old: Sequence[float],
+    ratio: Sequence[float | None],
+    clip: Sequence[int],
+    entropy: Sequence[float | None],
+    eligible: Sequence[bool],
+) -> dict[str, list[Any]]:
+    """One response's per-token record as the rollout browser stores it (a sample's
+    `tokens`): lists of one entry per response token, numbers to 4 significant digits.
+
+    `text` the decoded piece of each token, `p_old` π_θold of the token, `ratio` π_θ / π_θold
+    when its mini-batch was updated (None: not in the loss), `clip` −1 / 0 / +1 (clipped at the
+    lower bound, not, the upper bound), `entropy` nats (None: not computed), `eligible` 0 / 1
+    (could reach the upper clip bound; see dapo_core.train.update.token_trace)."""
+    n = len(text)
+    if not n == len(logprob_old) == len(ratio) == len(clip) == len(entropy) == len(eligible):
+        raise ValueError("a token record's lists must all have one entry per response token")
+    return {
+        "text": list(text),
+        "p_old": [significant(math.exp(x)) for x in logprob_old],
+        "ratio": [significant(x) for x in ratio],
+        "clip": [int(c) for c in clip],
+        "entropy": [significant(x) for x in entropy],
+        "eligible": [int(bool(e)) for e in eligible],
+    }
+
+
 def keep_samples(
     groups: Sequence[Group],
     k: int,
     advantages: Mapping[int, Sequence[float]] | None = None,
+    tokens: Mapping[tuple[int, int], dict[str, list[Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """k rollouts, evenly spaced over the step's responses (see MetricsSink.log_samples).
 
@@ -422,29 +483,31 @@ def keep_samples(
     `member`: its place in the group), so that a reader can put a prompt's responses side by
     side, and its `advantage` when `advantages` (keyed by the index in `groups`, one value
     per rollout) has its group: None for a group this step did not train on (dynamic
-    sampling dropped it, or it waits in the carry)."""
-    rs = [(gi, j, g, r) for gi, g in enumerate(groups) for j, r in enumerate(g.rollouts)]
-    k = min(k, len(rs))
+    sampling dropped it, or it waits in the carry). `tokens` (keyed by (group, member)): the
+    per-token record (`token_record`) of the rollouts that have one, kept as `tokens`."""
     advantages = advantages or {}
+    tokens = tokens or {}
     out = []
-    for i in range(k):
-        gi, j, g, r = rs[i * len(rs) // k]
+    for gi, j in kept_positions(groups, k):
+        g = groups[gi]
+        r = g.rollouts[j]
         trained = advantages.get(gi)
-        out.append(
-            {
-                "prompt": g.prompt,
-                "response": r.completion.text,
-                "ground_truth": g.problem.answer,
-                "pred": r.pred,
-                "reward": r.reward,
-                "score": r.score,
-                "overlong_penalty": r.penalty,
-                "correct": bool(r.acc > 0),
-                "length": len(r.completion.token_ids),
-                "truncated": r.completion.truncated,
-                "group": gi,
-                "member": j,
-                "advantage": None if trained is None else float(trained[j]),
-            }
-        )
+        sample: dict[str, Any] = {
+            "prompt": g.prompt,
+            "response": r.completion.text,
+            "ground_truth": g.problem.answer,
+            "pred": r.pred,
+            "reward": r.reward,
+            "score": r.score,
+            "overlong_penalty": r.penalty,
+            "correct": bool(r.acc > 0),
+            "length": len(r.completion.token_ids),
+            "truncated": r.completion.truncated,
+            "group": gi,
+            "member": j,
+            "advantage": None if trained is None else float(trained[j]),
+        }
+        if (gi, j) in tokens:
+            sample["tokens"] = tokens[(gi, j)]
+        out.append(sample)
     return out

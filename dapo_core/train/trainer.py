@@ -38,7 +38,7 @@ from dapo_common import metric_names as M
 from dapo_core.algo.advantages import group_advantages
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
-from dapo_core.train.batching import sequences
+from dapo_core.train.batching import Seq, sequences
 from dapo_core.train.collective import LOCAL, Collective
 from dapo_core.train.memory import PhaseMemory
 from dapo_core.train.policy import PolicyForward, compute_dtype
@@ -50,11 +50,20 @@ from dapo_core.train.rollout import (
     RewardFn,
     ShapedReward,
     advantages_by_group,
+    batch_rows,
     keep_samples,
+    kept_positions,
     rollout_metrics,
     templated_prompt,
+    token_record,
 )
-from dapo_core.train.update import EMPTY_STATS, Updater, make_optimizer, reference_model
+from dapo_core.train.update import (
+    EMPTY_STATS,
+    TokenTrace,
+    Updater,
+    make_optimizer,
+    reference_model,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -190,6 +199,8 @@ class Trainer:
 
         stats = EMPTY_STATS
         sample_advantages: dict[int, list[float]] = {}  # for the kept samples only
+        sample_tokens: dict[tuple[int, int], dict[str, list[Any]]] = {}  # likewise
+        kept = kept_positions(col.generated, self.cfg.run.samples_per_step)
         if batch:
             # 4. group-relative advantages over the final batch
             rewards = torch.tensor([r.reward for g in batch for r in g.rollouts])  # [P*G]
@@ -205,7 +216,11 @@ class Trainer:
             # 5. old log-probs with the current policy, no grad (the first mini-batch's from
             #    its own first forward); 6. μ passes over mini-batches, clipped objective
             self.updater.nonfinite_carried = self.nonfinite_streak
-            stats = self.updater.run(seqs, len(batch), self._shuffle_gen)
+            # The kept rollouts' per-token record (ratio, clip, entropy, eligibility) is read
+            # off the update's own tensors: no extra forward, no random draw.
+            watch = batch_rows(col.generated, batch, kept)
+            stats = self.updater.run(seqs, len(batch), self._shuffle_gen, watch=set(watch))
+            sample_tokens = self._token_records(seqs, watch, stats.traces)
             self.grad_updates += stats.updates
             # Skipped updates in a row, across steps: an applied update ends a streak.
             run = stats.trailing_nonfinite
@@ -240,8 +255,26 @@ class Trainer:
                 M.LR: float(self.optimizer.param_groups[0]["lr"]),
             }
         )
-        samples = keep_samples(col.generated, self.cfg.run.samples_per_step, sample_advantages)
+        samples = keep_samples(
+            col.generated, self.cfg.run.samples_per_step, sample_advantages, sample_tokens
+        )
         return StepResult(self.rollout_step, metrics, samples)
+
+    def _token_records(
+        self, seqs: Sequence[Seq], rows: dict[int, tuple[int, int]], traces: dict[int, TokenTrace]
+    ) -> dict[tuple[int, int], dict[str, list[Any]]]:
+        """The stored per-token record of each kept rollout the update traced, keyed by its
+        (group, member) among the generated groups; each token's text is its decoded piece."""
+        out = {}
+        for i, position in rows.items():
+            t = traces.get(i)
+            if t is None:
+                continue
+            text = [str(self.tokenizer.decode([tok])) for tok in seqs[i].response_ids]
+            out[position] = token_record(
+                text, t.logprob_old, t.ratio, t.clip, t.entropy, t.eligible
+            )
+        return out
 
     @property
     def diverged(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -27,10 +27,13 @@ from torch.nn.utils.rnn import pad_sequence
 from dapo_common import metric_names as M
 from dapo_core.algo.correction import rollout_correction
 from dapo_core.algo.losses import (
+    MAX_LOG_RATIO,
     Aggregation,
     aggregate,
+    clip_eligible,
     entropy_bonus,
     get_aggregation,
+    get_policy_loss,
     kl_penalty,
     policy_loss,
 )
@@ -85,6 +88,18 @@ class Counts:
 
 
 @dataclass
+class TokenTrace:
+    """What the update did to each token of one response, for the rollout browser: lists of
+    one entry per response token (None where the value was not computed; see `token_trace`)."""
+
+    logprob_old: list[float]  # log π_θold of the token
+    ratio: list[float | None]  # r = π_θ / π_θold at the forward that updated it; None: no loss
+    clip: list[int]  # −1 clipped at the lower bound, +1 at the upper, 0 not clipped
+    entropy: list[float | None]  # H(π_θ(·|s_t)) in nats at that forward; None: no forward
+    eligible: list[bool]  # could reach the upper bound (losses.clip_eligible)
+
+
+@dataclass
 class UpdateStats:
     """What one rollout step's update did, as typed numbers (metrics() names them)."""
 
@@ -106,6 +121,8 @@ class UpdateStats:
     decision_entropy: float | None = None
     old_logprob_s: float = 0.0
     update_s: float = 0.0
+    # Per-token traces of the watched rows (Updater.run's `watch`), by index into its `seqs`.
+    traces: dict[int, TokenTrace] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         c = self.counts or Counts()
@@ -194,9 +211,17 @@ class Updater:
         )
 
     # --- 5–6 together ----------------------------------------------------------------------
-    def run(self, seqs: list[Seq], n_groups: int, shuffle: torch.Generator) -> UpdateStats:
+    def run(
+        self,
+        seqs: list[Seq],
+        n_groups: int,
+        shuffle: torch.Generator,
+        *,
+        watch: Collection[int] = (),
+    ) -> UpdateStats:
         """Steps 5 and 6 for the batch `seqs` (n_groups groups of G, group by group): old
         log-probs and the rollout correction, then the μ-epoch update; timed separately.
+        `watch`: indices into `seqs` whose per-token trace the stats carry (`traces`).
 
         Old log-probs of the first mini-batch of the first epoch come from that mini-batch's
         own forward (detached) rather than from the separate pass, when nothing needs them
@@ -210,7 +235,7 @@ class Updater:
         mismatch = None if first else self.correct(seqs)
         t1 = time.perf_counter()
         with self.memory.phase("update"):
-            stats = self.update(seqs, n_groups, shuffle, fill_old=first)
+            stats = self.update(seqs, n_groups, shuffle, fill_old=first, watch=watch)
         t2 = time.perf_counter()
         if first:  # mode `none`: the mismatch sums only, now that every row has old log-probs
             mismatch = self.correct(seqs)
@@ -312,9 +337,11 @@ class Updater:
         shuffle: torch.Generator,
         *,
         fill_old: Sequence[int] = (),
+        watch: Collection[int] = (),
     ) -> UpdateStats:
         """μ epochs over shuffled mini-batches of whole groups. `fill_old` (see `run`): indices
-        of the first mini-batch's loss rows, whose old log-probs its own forward provides."""
+        of the first mini-batch's loss rows, whose old log-probs its own forward provides.
+        `watch`: indices into `seqs` whose per-token trace to keep (see `run`, `token_trace`)."""
         a, b = self.cfg.algo, self.cfg.batch
         G = self.cfg.rollout.group_size
         self.fwd.model.train()
@@ -353,7 +380,22 @@ class Updater:
                 filled: dict[int, Tensor] = {}
                 for i in range(passes):
                     micro = mine[i * b.micro_batch_size : (i + 1) * b.micro_batch_size]
-                    share, olds = self._micro_step(micro, num_tokens, num_seqs, local, fill=fill)
+                    # Each epoch's trace replaces the one before: the stored one is the last
+                    # epoch's that reached the row, whose ratio is what the row's own update
+                    # step saw after the earlier epochs moved θ away from θ_old. That is where
+                    # the clip acts (in the first epoch's first mini-batch θ = θ_old, r = 1).
+                    watched = {
+                        k: index_of[id(s)] for k, s in enumerate(micro) if index_of[id(s)] in watch
+                    }
+                    share, olds = self._micro_step(
+                        micro,
+                        num_tokens,
+                        num_seqs,
+                        local,
+                        fill=fill,
+                        watched=watched,
+                        traces=stats.traces,
+                    )
                     loss_kl += share
                     if fill:
                         filled.update(
@@ -392,6 +434,8 @@ class Updater:
                 assert stats.counts is not None
                 stats.counts.add(Counts.from_tensor(totals[2:]))
         self.optimizer.zero_grad(set_to_none=True)
+        if watch:
+            self._complete_traces(seqs, watch, stats.traces)
         if stats.empty_minibatches:
             log.warning(
                 "%d mini-batch(es) had no loss tokens after the overlong filter (all truncated) "
@@ -418,10 +462,13 @@ class Updater:
         counts: Counts,
         *,
         fill: bool = False,
+        watched: Mapping[int, int] | None = None,
+        traces: dict[int, TokenTrace] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Forward + backward of one micro-batch. Returns its (loss, kl) share of the
         mini-batch, and when `fill` each row's old log-probs: this forward's own, detached
-        (θ = θ_old here)."""
+        (θ = θ_old here). `watched` maps rows (positions in `rows`) to the keys under which
+        their `token_trace` goes into `traces`."""
         a = self.cfg.algo
         if not rows:  # this rank's share ran out: a zero-weight pass keeps FSDP in step
             lp, _ = self.fwd(self._dummy())
@@ -486,6 +533,26 @@ class Updater:
             loss = loss + a.kl_coef * kl
             kl_value = float(kl.detach())
         (loss * self.dist.world_size).backward()
+        if watched and traces is not None:
+            # Read off the tensors this pass already has (no further forward, no randomness).
+            for key, trace in zip(
+                watched.values(),
+                token_trace(
+                    lp,
+                    old,
+                    adv,
+                    loss_mask,
+                    ent,
+                    list(watched),
+                    [len(rows[k].response_ids) for k in watched],
+                    loss_mode=a.loss_mode,
+                    clip_low=a.clip_low,
+                    clip_high=a.clip_high,
+                    clip_c=a.clip_c,
+                ),
+                strict=True,
+            ):
+                traces[key] = trace
         dec_sum = dec_n = 0.0
         if fill and self.decision:  # like entropy_sum: this pass stands in for the old pass
             dec_sum, dec_n = decision_sums(ent.detach(), loss_mask, self.decision)
@@ -505,6 +572,30 @@ class Updater:
             )
         )
         return torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64), olds
+
+    def _complete_traces(
+        self, seqs: list[Seq], watch: Collection[int], traces: dict[int, TokenTrace]
+    ) -> None:
+        """Every rank's traces in `traces`, and a trace without ratios for each watched row
+        that no loss pass saw (the overlong filter dropped it, or the step halted first): its
+        old log-probs, eligibility and no clip."""
+        if self.dist.world_size > 1:  # a collective: every rank ends `update` here
+            for part in self.dist.all_gather_object(traces):
+                traces.update(part)
+        a = self.cfg.algo
+        for j in sorted(set(watch) - set(traces)):
+            old = seqs[j].old_logprobs.detach().float().cpu()  # [R]
+            if old.numel() != len(seqs[j].response_ids):
+                continue  # no old log-probs either (nothing scored this row)
+            adv = torch.full_like(old, seqs[j].advantage)
+            n = old.numel()
+            traces[j] = TokenTrace(
+                logprob_old=old.tolist(),
+                ratio=[None] * n,
+                clip=[0] * n,
+                entropy=[None] * n,
+                eligible=clip_eligible(old, adv, clip_high=a.clip_high).tolist(),
+            )
 
     def correct(self, seqs: list[Seq]) -> dict[str, float] | None:
         """Rollout correction of the batch, once per step (old and sampler log-probs are fixed
@@ -590,6 +681,60 @@ def has_dropout(model: torch.nn.Module) -> bool:
                 if key.endswith("dropout") and isinstance(value, int | float) and value > 0:
                     return True
     return False
+
+
+@torch.no_grad()
+def token_trace(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    entropy: Tensor,
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    loss_mode: str,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float | None,
+) -> list[TokenTrace]:
+    """The per-token view of one loss pass for some of its rows: `logprobs`, `old_logprobs`,
+    `mask` (the loss mask) and `entropy` `[B, T]` and `advantages` `[B]` exactly as that pass
+    gave them to `policy_loss`; `rows` the rows to read, `lengths` their response lengths.
+
+    The clip flags are the registered loss's own (`get_policy_loss(loss_mode)` run again on
+    these rows, detached): DAPO's Eq. 10 clip (arXiv 2503.14476, §3.1), active only where the
+    clipped term is the pessimistic one, i.e. +1 where A > 0 and r > 1 + ε_high (the
+    up-clipped tokens of Fig. 3a) and −1 where A < 0 and r < 1 − ε_low (for vanilla; gspo
+    decides with its sequence ratio, cispo on every token). The dual clip is not flagged.
+    `ratio` is the token's r = exp(log π_θ − log π_θold) (clamped at ±MAX_LOG_RATIO like the
+    loss), also under gspo, whose clip reads the sequence's ratio instead. Eligibility is
+    `clip_eligible`, the definition behind clip_ratio/high_eligible. Tokens outside the loss
+    mask get no ratio and no clip."""
+    idx = torch.tensor(list(rows), dtype=torch.long, device=logprobs.device)
+    lp, old = logprobs.detach()[idx], old_logprobs.detach()[idx]  # [K, T]
+    m = mask[idx].bool()
+    adv = advantages.detach()[idx][:, None].expand_as(lp).to(lp.dtype)  # [K, T]
+    tl = get_policy_loss(loss_mode)(
+        lp, old, adv, m, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c
+    )
+    ratio = torch.exp((lp - old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    clip = (tl.clip_high & m).long() - (tl.clip_low & m).long()
+    eligible = clip_eligible(old, adv, clip_high=clip_high)
+    cols = [x.cpu() for x in (old, ratio, clip, entropy.detach()[idx].float(), eligible, m)]
+    out = []
+    for k, n in enumerate(lengths):
+        o, r, c, h, e, keep = (x[k, :n].tolist() for x in cols)
+        out.append(
+            TokenTrace(
+                logprob_old=o,
+                ratio=[v if in_loss else None for v, in_loss in zip(r, keep, strict=True)],
+                clip=c,
+                entropy=h,
+                eligible=e,
+            )
+        )
+    return out
 
 
 def decision_sums(entropy: Tensor, mask: Tensor, positions: Sequence[int]) -> tuple[float, float]:

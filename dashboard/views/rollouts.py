@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import rollouts, widgets
+from dashboard import rollouts, token_colours, widgets
 from db import reads
 
 PER_ROW = 4  # responses side by side in the group view
@@ -33,9 +33,20 @@ if view == "Groups":
     size = rollouts.group_size(reads.run_details(engine, run_id)["config"])
     st.caption(
         "Responses of each prompt side by side; A is the group-relative advantage the update "
-        "used (— where the trainer did not record it, or did not train on the group). "
-        "Per-token importance ratios, clip flags and entropies are not recorded."
+        "used (— where the trainer did not record it, or did not train on the group)."
     )
+    tokens = reads.sample_tokens(engine, run_id, step)
+    mode = "ratio"
+    if tokens:
+        mode = st.radio(
+            "Colour tokens by",
+            list(token_colours.MODES),
+            format_func=token_colours.MODES.__getitem__,
+            horizontal=True,
+            key="rollout-token-colour",
+        )
+    else:
+        st.caption(rollouts.NO_TOKENS)
     for i, group in enumerate(rollouts.group_frames(reads.sample_groups(engine, run_id, step))):
         st.markdown(f"**{rollouts.group_title(group, size)}**")
         st.text(f"prompt: {group.iloc[0]['prompt']}")
@@ -50,12 +61,23 @@ if view == "Groups":
                 "advantage": st.column_config.NumberColumn("advantage", format="%+.3f"),
             },
         )
+        records = rollouts.group_tokens(group, tokens)
+        scale = token_colours.entropy_scale(records.values())
+        if records:
+            st.markdown(
+                token_colours.legend_html(mode, entropy_scale=scale), unsafe_allow_html=True
+            )
         members = [sample for _, sample in group.iterrows()]
         for at in range(0, len(members), PER_ROW):  # rows of PER_ROW, so G = 16 stays legible
             row = members[at : at + PER_ROW]
             for column, sample in zip(st.columns(PER_ROW), row, strict=False):
                 column.caption(rollouts.response_caption(sample))
-                column.text(sample["response"])
+                record = records.get(int(sample["idx"]))
+                if record is None:
+                    column.text(sample["response"])
+                else:
+                    html = token_colours.response_html(record, mode, entropy_scale=scale)
+                    column.markdown(html, unsafe_allow_html=True)
     st.stop()
 
 which = c3.radio("Show", list(rollouts.FILTERS), horizontal=True, key="rollout-filter")
