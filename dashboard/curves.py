@@ -10,7 +10,7 @@ the mean over seeds (db.stats, as in the ablation table); one seed has none.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import altair as alt
 import numpy as np
@@ -100,29 +100,38 @@ def smooth(curves: pd.DataFrame, weight: float) -> pd.DataFrame:
 
 def seed_band(curves: pd.DataFrame) -> pd.DataFrame:
     """Fold seeds: per (arm, metric, step) the mean over seeds, its 95% t-interval (low, high;
-    NaN with one seed) and the seeds' min and max."""
+    NaN with one seed) and the seeds' min and max.
+
+    The interval is db.stats.t_interval's, mean ± t(0.975, n − 1) · s / √n over the n seeds
+    with a value there (NaN values left out), computed for every step at once: one grouped
+    aggregate, the t quantile looked up once per n (two seeds 0.0, 1.0 -> 0.5 ± 12.7062 ·
+    0.7071 / 1.4142)."""
     if curves.empty:
         return pd.DataFrame(columns=BAND_COLUMNS)
-    rows = []
-    for (arm, name, step), group in curves.groupby(["arm", "name", "step"], sort=False):
-        values = [float(v) for v in group["value"] if not np.isnan(v)]
-        estimate = stats.t_interval(values) if values else stats.EMPTY
-        rows.append(
-            {
-                "arm": arm,
-                "name": name,
-                "step": step,
-                "x": float(group["x"].mean()),
-                "mean": estimate.mean,
-                "low": estimate.low,
-                "high": estimate.high,
-                "min": min(values, default=np.nan),
-                "max": max(values, default=np.nan),
-                "n_seeds": int(group["seed"].nunique()),
-            }
+    band = (
+        curves.groupby(["arm", "name", "step"], sort=False)
+        .agg(
+            x=("x", "mean"),
+            mean=("value", "mean"),
+            sd=("value", "std"),  # n − 1, NaN below two values
+            n=("value", "count"),  # the seeds with a value: NaN ones are left out
+            min=("value", "min"),
+            max=("value", "max"),
+            n_seeds=("seed", "nunique"),
         )
-    band = pd.DataFrame(rows, columns=BAND_COLUMNS)
+        .reset_index()
+    )
+    t = band["n"].map({n: _t_factor(int(n)) for n in band["n"].unique()})
+    half = t * band["sd"] / np.sqrt(band["n"].where(band["n"] > 0))
+    band["low"], band["high"] = band["mean"] - half, band["mean"] + half
+    band["n_seeds"] = band["n_seeds"].astype(int)
+    band = band[BAND_COLUMNS]
     return band.sort_values(["name", "arm", "step"]).reset_index(drop=True)
+
+
+def _t_factor(n: int) -> float:
+    """t((1 + level) / 2, n − 1), the interval's multiplier for n values (NaN below two)."""
+    return stats.t_quantile(0.5 + stats.LEVEL / 2.0, n - 1) if n >= 2 else np.nan
 
 
 def eval_band(evals: pd.DataFrame, counters: pd.DataFrame, x_metric: str | None) -> pd.DataFrame:
@@ -170,12 +179,43 @@ def curve_band(
     curves: pd.DataFrame, metrics: Sequence[str], x_metric: str | None, weight: float
 ) -> pd.DataFrame:
     """The whole pipeline: x-axis join -> smoothing -> seed band, for the chosen metrics."""
+    return curve_bands(curves, metrics, x_metric, weight)[0]
+
+
+def curve_bands(
+    curves: pd.DataFrame, metrics: Sequence[str], x_metric: str | None, weight: float
+) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(smoothed band, unsmoothed band) of the chosen metrics from one x-axis join; the second
+    is None when `weight` is 0 (the smoothed band is then the unsmoothed one)."""
     with_x = attach_x(curves, x_metric)
     chosen = with_x[with_x["name"].isin(list(metrics))]
-    return seed_band(smooth(chosen, weight))
+    band = seed_band(smooth(chosen, weight))
+    return band, (seed_band(chosen) if weight > 0 else None)
 
 
 BANDS = {"95% interval over seeds": ("low", "high"), "min–max of the seeds": ("min", "max")}
+RAW = "raw"  # chart_frame's column of the unsmoothed mean
+
+
+def chart_frame(
+    band: pd.DataFrame,
+    metric: str,
+    bounds: tuple[str, str] = ("low", "high"),
+    raw: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The one table a metric's chart draws, every layer from the same rows: per arm and step
+    the x, the mean over seeds, the 95% interval (the tooltip's), the band's `bounds` where
+    they are other columns, the seed count and, with `raw` (the unsmoothed band), its mean in
+    column RAW. Only these columns, so that the browser gets no more than it draws."""
+    columns = ["arm", "step", "x", "mean", "low", "high"]
+    columns += [b for b in bounds if b not in columns] + ["n_seeds"]
+    frame = band.loc[band["name"] == metric, columns]
+    if raw is not None:
+        unsmoothed = raw.loc[raw["name"] == metric, ["arm", "step", "mean"]]
+        frame = frame.merge(
+            unsmoothed.rename(columns={"mean": RAW}), on=["arm", "step"], how="left"
+        )
+    return frame.reset_index(drop=True)
 
 
 def band_chart(
@@ -196,37 +236,48 @@ def band_chart(
     thin dashed lines in the arm's colour, so overlapping bands of several arms stay apart.
     `raw`: the unsmoothed band (seed_band of the same runs), drawn as a faint line behind the
     smoothed one, so smoothing never hides a spike. `log_y`: a log-scale y (positive values;
-    see log_ready)."""
-    data = band[band["name"] == metric]
+    see log_ready).
+
+    Every layer reads one table (chart_frame), given once to the chart: the browser receives
+    and parses each row once, not once per layer."""
     low, high = bounds
+    mine = band[band["name"] == metric]
+    raw_data = None if raw is None else raw[raw["name"] == metric]
+    with_raw = raw_data is not None and not raw_data.empty
+    data = chart_frame(mine, metric, bounds, raw_data if with_raw else None)
     scale = alt.Scale(domain=list(arms), scheme="category10")
     # One legend for every layer; its symbols drawn as solid strokes (the band's opacity would
     # otherwise fade them).
     legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3)
     colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm", legend=legend)
     x = alt.X("x:Q", title=x_title)
-    raw_data = None if raw is None else raw[raw["name"] == metric]
     # the faint raw line is part of what is shown: the range covers it too
-    domain = value_domain(
-        data if raw_data is None else pd.concat([data, raw_data], ignore_index=True), log=log_y
-    )
+    domain = value_domain(mine if not with_raw else pd.concat([mine, raw_data]), log=log_y)
     kind: Literal["log", "linear"] = "log" if log_y else "linear"
     y_scale = alt.Scale(type=kind, domain=domain, zero=False) if domain else alt.Scale(type=kind)
-    banded = alt.Chart(data.dropna(subset=[low, high]))
     # Every layer has the same colour encoding: a layer with legend=None removes the merged
     # legend of the whole chart, not only its own symbols.
-    area = banded.mark_area(opacity=0.14, clip=True).encode(
-        x=x, y=alt.Y(f"{low}:Q", title=metric, scale=y_scale), y2=f"{high}:Q", color=colour
+    # aria=False: no screen-reader description per point, a string with several number formats
+    # that Vega-Lite builds for every row of every layer (a line's path reads only its first):
+    # about 5% of the browser's CPU on the curves page (bench/bench_curves.py).
+    quiet: dict[str, Any] = {"clip": True, "aria": False}
+    # The band's layers skip the steps without bounds (one seed there) and join the steps on
+    # either side, as a line would.
+    area = (
+        alt.Chart()
+        .mark_area(opacity=0.14, invalid="filter", **quiet)
+        .encode(x=x, y=alt.Y(f"{low}:Q", title=metric, scale=y_scale), y2=f"{high}:Q", color=colour)
     )
     edges = [
-        banded.mark_line(strokeWidth=1, strokeDash=[4, 3], opacity=0.8, clip=True).encode(
-            x=x, y=alt.Y(f"{edge}:Q", title=metric, scale=y_scale), color=colour
-        )
+        alt.Chart()
+        .mark_line(strokeWidth=1, strokeDash=[4, 3], opacity=0.8, invalid="filter", **quiet)
+        .encode(x=x, y=alt.Y(f"{edge}:Q", title=metric, scale=y_scale), color=colour)
         for edge in (low, high)
     ]
+    point = alt.OverlayMarkDef(aria=False) if points else False
     line = (
-        alt.Chart(data)
-        .mark_line(strokeWidth=2.5, point=points, clip=True)
+        alt.Chart()
+        .mark_line(strokeWidth=2.5, point=point, **quiet)
         .encode(
             x=x,
             y=alt.Y("mean:Q", title=metric, scale=y_scale),
@@ -243,13 +294,13 @@ def band_chart(
         )
     )
     behind = []
-    if raw_data is not None and not raw_data.empty:
+    if with_raw:
         behind.append(
-            alt.Chart(raw_data)
-            .mark_line(strokeWidth=1.2, opacity=0.3, clip=True)
-            .encode(x=x, y=alt.Y("mean:Q", title=metric, scale=y_scale), color=colour)
+            alt.Chart()
+            .mark_line(strokeWidth=1.2, opacity=0.3, **quiet)
+            .encode(x=x, y=alt.Y(f"{RAW}:Q", title=metric, scale=y_scale), color=colour)
         )
-    layered = alt.LayerChart(layer=[*behind, area, *edges, line])
+    layered = alt.LayerChart(data=data, layer=[*behind, area, *edges, line])
     return layered.properties(title=title or metric, height=height)
 
 

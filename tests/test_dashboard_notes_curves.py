@@ -213,7 +213,9 @@ def test_tags_and_note_edited_on_the_dashboard(fixture_store: fx.FixtureStore) -
     at.text_area(key=f"{key}-note").input("diverged at step 40\nsee the entropy")
     at.button(key=f"{key}-save").click().run()
     assert "tags `lr-bug` · note: diverged at step 40" in texts(at)
-    runs = open_page(sweep=fixture_store.sweep_id).dataframe[1].value.set_index("page")
+    # the sweep's run list: found by its `page` column (the page shows other tables too)
+    tables = [d.value for d in open_page(sweep=fixture_store.sweep_id).dataframe]
+    runs = next(t for t in tables if "page" in t.columns).set_index("page")
     mine = runs.loc[f"run?run={run_id}"]
     assert (mine["tags"], mine["note"]) == ("lr-bug", "diverged at step 40")
     ann.set_tags(engine, Target(fixture_store.sweep_id, run_id), [])
@@ -264,6 +266,8 @@ def test_curves_smoothed_by_default_with_log_y_wall_clock_and_csv(
     # a training chart draws the raw line behind the smoothed one
     spec = json.loads(charts[1].proto.spec)
     assert len(spec["layer"]) == 5 and spec["layer"][0]["mark"]["opacity"] == pytest.approx(0.3)
+    # its layers read one table, sent once (dashboard.curves.chart_frame)
+    assert len(charts[1].proto.datasets) == 1
     labels = [b.label for b in at.get("download_button")]
     assert labels == ["Download the held-out curve (CSV)", "Download the plotted data (CSV)"]
 

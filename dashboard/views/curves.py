@@ -151,9 +151,9 @@ long = reads.metric_curves(
 )
 if x_metric == curves.WALL_CLOCK:
     long = curves.with_wall_clock(long, counters)
-band = curves.curve_band(long, chosen, x_metric, weight)
-# the unsmoothed mean, drawn faintly behind the smoothed line (and beside it in the CSV)
-raw = curves.curve_band(long, chosen, x_metric, 0.0) if weight > 0 else None
+# The smoothed band, and the unsmoothed one: its mean is drawn faintly behind the smoothed
+# line (and beside it in the CSV). Each chart then gets one table of its metric's rows.
+band, raw = curves.curve_bands(long, chosen, x_metric, weight)
 smoothing = f"smoothed (EMA {weight:g}; faint line: unsmoothed)" if weight > 0 else "unsmoothed"
 st.caption(
     f"{selected['seed'].nunique()} seed(s) per arm: line = mean over seeds, {smoothing}, band = "
