@@ -10,6 +10,10 @@ the terminal's, else 120) by hiding the least telling columns first and says whi
 one seed is a bare number with "n=1: no intervals" said once under the table (not in every
 cell). The dashboard and the Prefect artifact keep the word in each cell: a cell there is read
 alone, without the table's notes.
+
+The Prefect artifacts show the same cells with the key columns first (`key_first`,
+ARTIFACT_KEY): Prefect's UI gives a table about 880 px of a 1440 px screen, so what each arm
+scored comes before what is wide or secondary (tests/test_artifact_layout.py checks it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ SIGNIFICANT = "*"  # after a difference whose 95% interval excludes 0
 # Columns whose cells are numbers (right-aligned in text and Markdown).
 _LEFT = {"arm", "adds", "parent", "status"}
 SINGLE_NOTE = "n=1: no intervals (one seed; the n column says how many seeds each arm has)"
+# The Prefect artifacts' order: which arm, whether it is done, over how many seeds, its score
+# and its Δ to the parent; then the other Δs and the context, the seeds, the bookkeeping, and
+# what the arm adds (the widest text) last, whole.
+ARTIFACT_KEY = ("arm", "status", "n", "final", "Δ parent")
+ARTIFACT_REST = ("Δ base", "gain", "start", "parent")
+ARTIFACT_LAST = ("adds",)
 
 
 def _missing(value: Any) -> bool:
@@ -117,6 +127,24 @@ def ablation_records(table: pd.DataFrame, *, bare_single: bool = False) -> list[
         record["status"] = str(row["status"])
         records.append(record)
     return records
+
+
+def key_first(
+    records: Sequence[Mapping[str, str]], first: Sequence[str], last: Sequence[str] = ()
+) -> list[dict[str, str]]:
+    """The records with the columns of `first` leading and those of `last` at the end (each
+    as far as present), the others between them in their own order; every cell is kept."""
+    columns = list(records[0]) if records else []
+    head = [c for c in first if c in columns]
+    tail = [c for c in last if c in columns and c not in head]
+    order = [*head, *(c for c in columns if c not in head and c not in tail), *tail]
+    return [{c: record[c] for c in order} for record in records]
+
+
+def artifact_records(records: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """ablation_records in the Prefect artifacts' order: ARTIFACT_KEY, ARTIFACT_REST, the seeds
+    and the rest as the table has them, ARTIFACT_LAST."""
+    return key_first(records, [*ARTIFACT_KEY, *ARTIFACT_REST], ARTIFACT_LAST)
 
 
 def metric_label(table: pd.DataFrame) -> str:
@@ -290,12 +318,14 @@ def render(
     *,
     width: int | None = None,
     wide: bool = False,
+    artifact: bool = False,
 ) -> str:
     """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line and
     the headline (which arm leads, if any does significantly).
 
     Text fits `width` columns (default: terminal_width(); `wide`: no limit) and, like
-    Markdown, shows a one-seed value bare with SINGLE_NOTE under the table."""
+    Markdown, shows a one-seed value bare with SINGLE_NOTE under the table. `artifact`:
+    Markdown in the Prefect artifacts' column order (artifact_records)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if table.empty:
@@ -313,5 +343,5 @@ def render(
             notes.append(hidden_note(hidden, limit))
         under = "".join(f"{wrapped(n, limit)}\n" for n in notes)  # right under the rows
         return f"{wrapped(note, limit)}\n\n{_aligned(shown)}\n{under}\n{wrapped(lead, limit)}\n"
-    body = "\n\n".join([_markdown(records), *notes])
+    body = "\n\n".join([_markdown(artifact_records(records) if artifact else records), *notes])
     return f"{body}\n\n*{_escape(note)}*\n\n{lead}\n"

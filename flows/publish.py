@@ -2,6 +2,10 @@
 terminal. Numbers come from db.ablation.ablation_table and cells from
 db.table_format.ablation_records, so the Prefect UI, the dashboard and `dapo table` show the
 same columns; the summary's headline names a best arm only when its lead is significant.
+
+The artifacts put the key columns first (table_format.artifact_records; the mechanism table as
+the dashboard's signature: arm, metric, Δ parent), so that they read on a 1440 px screen, where
+Prefect's UI leaves a table about 880 px; every other column follows, a scroll away.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
     """Publish a new version of the sweep's table and summary artifacts; returns the table rows."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    from db.table_format import ablation_records, caption
+    from db.table_format import ablation_records, artifact_records, caption
 
     table, sweep = ablation(url, sweep_id)
-    rows = ablation_records(table) if not table.empty else []
+    rows = artifact_records(ablation_records(table)) if not table.empty else []
     create_table_artifact(
         table=rows,
         key=plan.artifact_key("ablation-table", sweep_id),
@@ -63,9 +67,9 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
 
 def mechanisms_markdown(url: str, sweep_id: int) -> str:
     """`dapo table --mechanisms --format markdown` of the sweep: the same metrics (the
-    default of db.mechanisms, with the eligible share and the decision entropy where logged)
-    and the same window."""
-    from db import mechanisms, reads
+    default of db.mechanisms, with the eligible share and the decision entropy where logged),
+    the same window and the same cells, the key columns first (signature_markdown)."""
+    from db import reads
     from db.cli import mechanism_window
     from db.engine import get_engine
     from db.mechanism_table import mechanism_table
@@ -73,7 +77,25 @@ def mechanisms_markdown(url: str, sweep_id: int) -> str:
     engine = get_engine(url)
     steps = reads.runs_of_sweep(engine, sweep_id)["steps"]
     frame = mechanism_table(engine, sweep_id, window=mechanism_window(None, steps, sweep_id))
-    return mechanisms.render(frame, "markdown", focus_only=True)
+    return signature_markdown(frame)
+
+
+def signature_markdown(frame: Any) -> str:
+    """db.mechanisms.render(frame, "markdown", focus_only=True) with its columns in the
+    dashboard's signature order: arm, metric, the Δs to the parent, the windows' values, then
+    parent and changes (the widest text)."""
+    from db import mechanisms
+    from db.table_format import _escape, _markdown, key_first
+
+    records = mechanisms.mechanism_records(frame, focus_only=True, bare_single=True)
+    if not records:
+        return mechanisms.render(frame, "markdown", focus_only=True)
+    w = mechanisms.window_of(frame)
+    first = ["arm", "metric", *mechanisms.delta_labels(w).values(), f"last {w}", f"first {w}"]
+    table = _markdown(key_first(records, first, ["parent", "changes"]), left=mechanisms._LEFT)
+    notes = [mechanisms.SINGLE_NOTE] if mechanisms._single(frame) else []
+    body = "\n\n".join([table, *notes])
+    return f"{body}\n\n*{_escape(mechanisms.caption(frame))}*\n"
 
 
 def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:
@@ -89,5 +111,5 @@ def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> 
     ]
     if note:
         lines += ["", f"**{note}**"]
-    lines += ["", render(table, "markdown", dict(sweep))]
+    lines += ["", render(table, "markdown", dict(sweep), artifact=True)]
     return "\n".join(lines)

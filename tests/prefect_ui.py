@@ -93,3 +93,51 @@ def submit(page: Page, run_name: str) -> UUID:
     if found is None:
         raise RuntimeError(f"the run's link is {href!r}, not a flow run's page")
     return UUID(found.group(1))
+
+
+# --- artifacts --------------------------------------------------------------------------------
+# Each table on the page: its headers' text and left/right edges, and the part of the screen
+# it can show (the viewport cut by every scrolling or clipping box around it: a wide table
+# scrolls inside its card, so a header at x < 1440 may still be out of sight).
+TABLES_JS = """(() => Array.from(document.querySelectorAll('table')).map(table => {
+  let left = 0, right = window.innerWidth;
+  for (let e = table.parentElement; e; e = e.parentElement) {
+    if (getComputedStyle(e).overflowX === 'visible') continue;
+    const box = e.getBoundingClientRect();
+    left = Math.max(left, box.left); right = Math.min(right, box.right);
+  }
+  return {left, right, headers: Array.from(table.querySelectorAll('th')).map(th => {
+    const box = th.getBoundingClientRect();
+    return {text: th.textContent.trim(), left: box.left, right: box.right};
+  })};
+}))()"""
+
+
+def latest_artifact_url(api_url: str, key: str) -> str:
+    """The UI's page of the newest version of the artifact `key` (/artifacts/artifact/ID; the
+    page of the key itself is a timeline of versions, without their content)."""
+    import httpx
+
+    reply = httpx.post(
+        f"{api_url}/artifacts/latest/filter",
+        json={"artifacts": {"key": {"any_": [key]}}},
+        timeout=30,
+    )
+    reply.raise_for_status()
+    found = reply.json()
+    if not found:
+        raise LookupError(f"no artifact with key {key!r}")
+    return f"{api_url.removesuffix('/api')}/artifacts/artifact/{found[0]['latest_id']}"
+
+
+def artifact_tables(page: Page, url: str, needles: list[str]) -> list[dict[str, Any]]:
+    """Open an artifact's page, wait until its table shows every needle (text a cell or the
+    page holds) and return TABLES_JS's tables."""
+    page.goto(url)
+    page.wait_for(needles, timeout_s=TIMEOUT_S)
+    wait_js(
+        page,
+        "document.fonts.status === 'loaded' && document.querySelectorAll('th').length > 0",
+        "the artifact's table, in its fonts",
+    )
+    return list(page.evaluate(TABLES_JS))
