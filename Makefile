@@ -57,8 +57,12 @@ lint: $(STAMP)
 
 # The multi-node tests (marker `cluster`) start and stop their own Ray cluster: `make test-cluster`.
 # --durations: every run ends with its 20 slowest tests, the list the suite's speed work starts from.
+# Two pytest-xdist workers, whole files each (module fixtures such as a Prefect server are made
+# once): most tests wait on subprocesses (Prefect, Ray, Chromium), so one worker leaves a core
+# idle. TEST_WORKERS=1 runs the suite in one process; more than 2 needs more cores and memory.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
 test-cluster: $(STAMP)

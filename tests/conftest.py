@@ -17,6 +17,19 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("PREFECT_UI_ENABLED", "true")
 (ROOT / "tests" / "artifacts").mkdir(parents=True, exist_ok=True)
 
+# --- `make test` runs the suite in two pytest-xdist workers (one per core) ----------------
+# A worker is told the controller's terminal width in $COLUMNS (80 without a terminal), where a
+# plain run has none: the tables' tests expect what a command prints without it (120 columns),
+# and the tests of $COLUMNS itself set their own.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+    # Each worker's Prefect servers keep their database in a directory of their own: two first
+    # starts migrating one SQLite file at once would race (a plain run keeps $PREFECT_HOME).
+    _home = os.environ.get("PREFECT_HOME") or str(ROOT / ".cache" / "test-prefect-home")
+    os.environ["PREFECT_HOME"] = str(Path(_home) / _WORKER)
+
 # --- the two databases of the store tests ----------------------------------------------------
 # Every store test runs against a SQLite file and a real PostgreSQL server (127.0.0.1:5432,
 # database `test`, trust auth). PostgreSQL tests FAIL when the server is missing: CI starts it
