@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import dashboard_fixtures as fx
+import prefect_server
 import prefect_ui
 import pytest
 from test_dashboard_browser import ARTIFACTS, find_chromium
-from test_flows_served import _healthy, _stop, _wait_for
 
-from dapo_common.util import free_port
 from dashboard import browser
 from db import table_format
 from flows import plan, publish
@@ -104,30 +103,7 @@ def published(
     store: fx.FixtureStore, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Published]:
     work = tmp_path_factory.mktemp("artifact-layout")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(work / "prefect-server"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        # the v1 UI (the one prefect_ui drives) at /, reading this API
-        "PREFECT_UI_ENABLED": "true",
-        "PREFECT_SERVER_UI_V2_ENABLED": "false",
-        "PREFECT_UI_API_URL": api_url,
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = work / "server.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait_for(lambda: _healthy(api_url), "the Prefect server", 120.0, server, log)
+    with prefect_server.running(work / "prefect-server", ui=True) as api_url:
         run = textwrap.dedent(f"""
             from prefect import flow
             from flows.publish import publish_sweep
@@ -154,8 +130,6 @@ def published(
         assert done.returncode == 0, done.stderr[-3000:]
         table, _ = publish.ablation(store.url, store.sweep_id)
         yield Published(api_url, store, list(table_format.ablation_records(table)[0]))
-    finally:
-        _stop(server)
 
 
 def whole_on_screen(table: dict[str, Any], keys: list[str]) -> None:

@@ -9,7 +9,6 @@ two) and the real app in headless Chromium, double-clicked against that server.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -19,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import dashboard_fixtures as fx
+import prefect_server
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dapo_common.util import free_port
 from dashboard import browser, rerun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,15 +190,6 @@ def _wait(check: Callable[[], Any], what: str, timeout_s: float, log: Path | Non
     pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}\n{tail}")
 
 
-def _healthy(api_url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{api_url}/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @contextmanager
 def _client(api_url: str) -> Iterator[Any]:
     from prefect.client.orchestration import get_client
@@ -216,33 +206,11 @@ def _client(api_url: str) -> Iterator[Any]:
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `prefect server start` with the arm deployment registered (nothing serves it: the
     flow runs stay Scheduled, which is all a rerun request needs)."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = home / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    api_url = f"http://127.0.0.1:{port}/api"
-    try:
-        _wait(lambda: _healthy(api_url), "the Prefect server", 120.0, log)
+    with prefect_server.running(tmp_path_factory.mktemp("prefect-home")) as api_url:
         with _client(api_url) as client:
             flow_id = client.create_flow_from_name(rerun.FLOW_NAME)
             client.create_deployment(flow_id=flow_id, name=rerun.DEPLOYMENT_NAME)
         yield api_url
-    finally:
-        browser.stop(proc, group=True)
 
 
 def _arm_runs(api_url: str, sweep_id: int) -> list[Any]:

@@ -24,14 +24,16 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import prefect_server
 import prefect_ui
 import pytest
 import yaml
 from dapo_cli import stored_sweep
+from prefect_server import stop as _stop
+from prefect_server import wait_for as _wait_for
 from test_dashboard_browser import ARTIFACTS, find_chromium
-from test_flows_served import FAST, _healthy, _stop, _wait_for, prefect_client
+from test_flows_served import FAST, prefect_client
 
-from dapo_common.util import free_port
 from dapo_core.train.run_dir import latest_step
 from dashboard import browser
 from flows import deploy, ray_worker
@@ -117,52 +119,27 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     import ray
 
     work = tmp_path_factory.mktemp("pool")
-    home = work / "prefect-server"
-    home.mkdir()
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        # The UI, for the form test: the v1 app (the one it drives) at /, reading this API
-        # (left unset, the UI's pages would call the default port 4200).
-        "PREFECT_UI_ENABLED": "true",
-        "PREFECT_SERVER_UI_V2_ENABLED": "false",
-        "PREFECT_UI_API_URL": api_url,
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = work / "server.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    team = None
-    try:
-        _wait_for(lambda: _healthy(api_url), "the Prefect server", 120.0, server, log)
-        ray_worker.connect("local", num_cpus=2)
-        team = Team(
-            api_url=api_url,
-            store_url=f"sqlite:///{work / 'dapo.db'}",
-            runs_dir=work / "runs",
-            work=work,
-            ray_address=ray.get_runtime_context().gcs_address,
-        )
-        yield team
-    finally:
-        # Workers, then the flow-run processes a failed test may have left (each in a session
-        # of its own), before the server they talk to.
-        for proc in team.workers.values() if team else []:
-            _stop(proc, signal.SIGINT)
-        if team is not None:
-            stop_unfinished_flow_runs(team.api_url)
-        ray_worker.shutdown()
-        _stop(server)
+    # The UI too, for the form test.
+    with prefect_server.running(work / "prefect-server", ui=True) as api_url:
+        team = None
+        try:
+            ray_worker.connect("local", num_cpus=2)
+            team = Team(
+                api_url=api_url,
+                store_url=f"sqlite:///{work / 'dapo.db'}",
+                runs_dir=work / "runs",
+                work=work,
+                ray_address=ray.get_runtime_context().gcs_address,
+            )
+            yield team
+        finally:
+            # Workers, then the flow-run processes a failed test may have left (each in a
+            # session of its own), before the server they talk to.
+            for proc in team.workers.values() if team else []:
+                _stop(proc, signal.SIGINT)
+            if team is not None:
+                stop_unfinished_flow_runs(team.api_url)
+            ray_worker.shutdown()
 
 
 def stop_unfinished_flow_runs(api_url: str) -> None:

@@ -12,18 +12,19 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import prefect_server as prefect_server_module
 import pytest
 from dapo_cli import stored_sweep
+from prefect_server import stop as _stop
+from prefect_server import wait_for as _wait_for
 
-from dapo_common.util import free_port
 from dapo_core.train.run_dir import latest_step
 from flows import plan, ray_worker
 from flows.params import SweepParams, validate
@@ -47,27 +48,6 @@ FAST = {
 FLOW_TIMEOUT_S = 180.0
 
 
-def _wait_for(
-    check: Callable[[], Any],
-    what: str,
-    timeout_s: float,
-    proc: subprocess.Popen | None = None,
-    log: Path | None = None,
-) -> Any:
-    """Poll `check` until it returns something truthy (a condition, not a guess at timing)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log and log.exists() else ""
-            pytest.fail(f"{what}: the process exited with {proc.returncode}\n{tail}")
-        time.sleep(0.2)
-    tail = log.read_text()[-3000:] if log and log.exists() else ""
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{tail}")
-
-
 def _process_alive(pid: int) -> bool:
     """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
     import psutil
@@ -76,26 +56,6 @@ def _process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _healthy(api_url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{api_url}/health", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @dataclass
@@ -120,31 +80,8 @@ def prefect_client(api_url: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = home / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    api_url = f"http://127.0.0.1:{port}/api"
-    try:
-        _wait_for(lambda: _healthy(api_url), "the Prefect server", 120.0, proc, log)
+    with prefect_server_module.running(tmp_path_factory.mktemp("prefect-home")) as api_url:
         yield api_url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")
