@@ -37,6 +37,7 @@ from db.table_format import (
     _markdown,
     _missing,
     estimate_text,
+    key_first,
 )
 
 if TYPE_CHECKING:  # pandas is imported by the caller
@@ -358,12 +359,15 @@ def render(
     focus_only: bool = False,
     width: int | None = None,
     wide: bool = False,
+    artifact: bool = False,
 ) -> str:
     """The mechanism table as text (aligned columns), Markdown or CSV; text and Markdown carry
     the caption. `focus_only`: only the metrics each arm's change is about. Text fits `width`
     columns (default: dapo_common.text.terminal_width(); `wide`: no limit), hiding the parent,
     the changes and the first-window columns first; a one-seed value is bare, with
-    SINGLE_NOTE said once under the table."""
+    SINGLE_NOTE said once under the table. `artifact`: Markdown with the dashboard's signature
+    order, arm, metric, the Δs to the parent, the windows, then parent and changes (the widest
+    text): Prefect's UI leaves a table about 880 px of a 1440 px screen."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt == "csv":
@@ -381,5 +385,9 @@ def render(
             notes.append(hidden_note(hidden, limit))
         under = "".join(f"{wrapped(n, limit)}\n" for n in notes)
         return f"{wrapped(caption(table), limit)}\n\n{_aligned(shown, left=_LEFT)}\n{under}"
+    if artifact:
+        w = window_of(table)
+        first = ["arm", "metric", *delta_labels(w).values(), f"last {w}", f"first {w}"]
+        records = key_first(records, first, ["parent", "changes"])
     body = "\n\n".join([_markdown(records, left=_LEFT), *notes])
     return f"{body}\n\n*{_escape(caption(table))}*\n"

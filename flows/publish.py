@@ -3,8 +3,8 @@ terminal. Numbers come from db.ablation.ablation_table and cells from
 db.table_format.ablation_records, so the Prefect UI, the dashboard and `dapo table` show the
 same columns; the summary's headline names a best arm only when its lead is significant.
 
-The artifacts put the key columns first (table_format.artifact_records; the mechanism table as
-the dashboard's signature: arm, metric, Δ parent), so that they read on a 1440 px screen, where
+The artifacts put the key columns first (table_format.artifact_records, and mechanisms.render's
+`artifact` order for the mechanism table), so that they read on a 1440 px screen, where
 Prefect's UI leaves a table about 880 px; every other column follows, a scroll away.
 """
 
@@ -68,8 +68,8 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
 def mechanisms_markdown(url: str, sweep_id: int) -> str:
     """`dapo table --mechanisms --format markdown` of the sweep: the same metrics (the
     default of db.mechanisms, with the eligible share and the decision entropy where logged),
-    the same window and the same cells, the key columns first (signature_markdown)."""
-    from db import reads
+    the same window and the same cells, the key columns first."""
+    from db import mechanisms, reads
     from db.cli import mechanism_window
     from db.engine import get_engine
     from db.mechanism_table import mechanism_table
@@ -77,25 +77,7 @@ def mechanisms_markdown(url: str, sweep_id: int) -> str:
     engine = get_engine(url)
     steps = reads.runs_of_sweep(engine, sweep_id)["steps"]
     frame = mechanism_table(engine, sweep_id, window=mechanism_window(None, steps, sweep_id))
-    return signature_markdown(frame)
-
-
-def signature_markdown(frame: Any) -> str:
-    """db.mechanisms.render(frame, "markdown", focus_only=True) with its columns in the
-    dashboard's signature order: arm, metric, the Δs to the parent, the windows' values, then
-    parent and changes (the widest text)."""
-    from db import mechanisms
-    from db.table_format import _escape, _markdown, key_first
-
-    records = mechanisms.mechanism_records(frame, focus_only=True, bare_single=True)
-    if not records:
-        return mechanisms.render(frame, "markdown", focus_only=True)
-    w = mechanisms.window_of(frame)
-    first = ["arm", "metric", *mechanisms.delta_labels(w).values(), f"last {w}", f"first {w}"]
-    table = _markdown(key_first(records, first, ["parent", "changes"]), left=mechanisms._LEFT)
-    notes = [mechanisms.SINGLE_NOTE] if mechanisms._single(frame) else []
-    body = "\n\n".join([table, *notes])
-    return f"{body}\n\n*{_escape(mechanisms.caption(frame))}*\n"
+    return mechanisms.render(frame, "markdown", focus_only=True, artifact=True)
 
 
 def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:
