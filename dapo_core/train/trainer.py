@@ -118,7 +118,6 @@ class Trainer:
         if not problems:
             raise ValueError(f"data.train={cfg.data.train!r} holds no problems")
         self.cfg, self.model, self.tokenizer, self.engine = cfg, model, tokenizer, engine
-        self._pieces: dict[int, str] = {}  # token id -> its decoded text (_piece)
         self.problems = list(problems)
         self.dist = dist
         self.device = device or next(model.parameters()).device
@@ -271,19 +270,11 @@ class Trainer:
             t = traces.get(i)
             if t is None:
                 continue
-            text = [self._piece(tok) for tok in seqs[i].response_ids]
+            text = [str(self.tokenizer.decode([tok])) for tok in seqs[i].response_ids]
             out[position] = token_record(
                 text, t.logprob_old, t.ratio, t.clip, t.entropy, t.eligible
             )
         return out
-
-    def _piece(self, token: int) -> str:
-        """One token's decoded text, each id decoded once per run: a tokenizer's decode costs
-        about as much for one token as for a sentence (~0.1 ms), and a kept response has ~50."""
-        text = self._pieces.get(token)
-        if text is None:
-            text = self._pieces[token] = str(self.tokenizer.decode([token]))
-        return text
 
     @property
     def diverged(self) -> bool:
