@@ -248,6 +248,9 @@ def _traced_worker(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         traces = traced_update(TorchCollective())
+        # The update's last collective may still be sending to the other rank when this one
+        # returns: a rank that tore its group down then cut the other's receive (SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     torch.save({k: vars(t) for k, t in traces.items()}, f"{out}.{rank}")
