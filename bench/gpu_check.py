@@ -11,8 +11,11 @@ this measures:
 - a checkpoint saved and resumed (a second `train` call continues the first one's run);
 - two runs in one process: the second starts, and what the first held is released (failure 1);
 - the bf16 log-prob head's gradient against a float32 reference on the device (item 4), beside
-  plain bf16 logits' error, at 32k and 152k vocabularies.
-It writes gpu_check.json and gpu_check.md to --out.
+  plain bf16 logits' error, at 32k and 152k vocabularies;
+- the 0.5B shape as one FSDP2 rank (distributed.train_worker: what each of N workers runs) on
+  NCCL, then NCCL with gloo for CPU-offloaded shards: trained, sharded checkpoint, resumed.
+It writes gpu_check.json and gpu_check.md to --out after every section (a run stopped at a time
+limit keeps what it measured); a section that fails is recorded and the others still run.
 
 It needs only torch and transformers (tokenizers, safetensors): no vLLM, Ray, Prefect, SQLAlchemy
 or Streamlit, no model hub, no `pip install` of this project (it puts the repository on sys.path).
@@ -32,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,6 +185,11 @@ class Recorder:
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.metrics[step] = dict(metrics)
+        # One line a step on stderr: where a run stopped at a time limit spent its time.
+        shown = {k.removeprefix("time/"): v for k, v in metrics.items() if k.startswith("time/")}
+        shown |= {k.split("/")[-1] + "_gib": v for k, v in metrics.items() if "peak_mem" in k}
+        text = ", ".join(f"{k} {v:.2f}" for k, v in sorted(shown.items()))
+        print(f"gpu-check:   step {step}: {text}", file=sys.stderr, flush=True)
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         pass
@@ -327,6 +336,10 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
     t0 = time.perf_counter()
     params = build_model_dir(arch, model_dir, device)
     build_s = time.perf_counter() - t0
+    print(
+        f"gpu-check:   built and saved {params / 1e6:.0f}M parameters: {build_s:.1f} s",
+        file=sys.stderr,
+    )
     cfg = check_config(preset, model_dir, args)
     planned_arch = resolve_architecture(cfg.model)  # read back from the saved config.json
     tokenizer = _reloaded_tokenizer(model_dir)
@@ -352,7 +365,7 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
         with phases2.installed(), spy:
             r2 = train(cfg, sink=sink2, out_dir=out_dir)
     except Exception as exc:  # reported, not raised: the rest of the check still runs
-        second_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        second_error = _one_line(exc)
         r2 = None
     _release()
     after_second = _allocated_gib()
@@ -374,12 +387,6 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
             "measured_gib": got,
             "ratio": got / planned["plan_gib"] if got is not None and planned["plan_gib"] else None,
         }
-
-    def rate(name: str) -> float | None:
-        # The first step pays for kernel selection and the allocator's growth: skip it if we can.
-        values = [m[name] for s, m in sorted(steps.items()) if name in m and m[name] > 0]
-        values = values[1:] if len(values) > 1 else values
-        return statistics.median(values) if values else None
 
     resumed_steps = sorted(sink2.metrics)
     return {
@@ -412,8 +419,8 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
         "tokenizer": tokenizer,
         "memory": memory,
         "throughput": {
-            "rollout_tokens_per_s": rate(M.TOKENS_PER_S),
-            "update_tokens_per_s": rate(M.UPDATE_TOKENS_PER_S),
+            "rollout_tokens_per_s": _median_rate(steps, M.TOKENS_PER_S),
+            "update_tokens_per_s": _median_rate(steps, M.UPDATE_TOKENS_PER_S),
             "build_s": build_s,
             "load_s": phases1.seconds.get("load"),
             "checkpoint_s": phases1.seconds.get("checkpoint"),
@@ -437,6 +444,124 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
             "released": after_first - before <= LEAK_TOLERANCE_GIB,
         },
     }
+
+
+# --- the many-worker path on one GPU: FSDP2 over a process group of one NCCL rank -----------------
+def check_fsdp(preset: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The code `dapo train --workers N` and a Ray arm run on each rank (distributed.train_worker:
+    process group, FSDP2 sharding with bf16 compute over float32 masters, gathered weights pushed
+    to the rank's rollout copy, sharded checkpoint, resharded resume), as one rank on this one
+    GPU: NCCL, then NCCL for CUDA tensors with gloo for the CPU-offloaded shards. One rank sends
+    nothing between GPUs, but every collective the trainer calls runs through NCCL's kernels.
+    Dry run: gloo on the CPU, no offload. Each mode trains steps-1 steps, then resumes for one."""
+    import torch.distributed as dist
+
+    from dapo_common.util import free_port
+    from dapo_core.train.checkpoint import SHARDS_DIR
+    from dapo_core.train.distributed import process_group_backend, train_worker
+
+    cuda = not args.dry_run
+    device = "cuda" if cuda else "cpu"
+    cuda_api: Any = torch.cuda if cuda else DryCuda()
+    model_dir = work / f"{preset}-fsdp-random"
+    build_model_dir(check_architecture(preset, args.dry_run), model_dir, device)
+    cfg = check_config(preset, model_dir, args)
+    first_steps = max(1, args.steps - 1)
+    modes = {"nccl": False, "nccl+offload": True} if cuda else {"gloo": False}
+    out: dict[str, Any] = {}
+    for mode, offload in modes.items():
+        mode_cfg = cfg.with_overrides({"model.cpu_offload": offload})
+        run_dir = work / f"{preset}-fsdp-{mode.replace('+', '-')}"
+        seen_backend: list[str] = []
+
+        def progress(_: dict[str, Any], seen: list[str] = seen_backend) -> None:
+            if dist.is_initialized():
+                seen.append(str(dist.get_backend()))
+
+        sinks: list[Recorder] = []
+
+        def factory(sinks: list[Recorder] = sinks) -> Recorder:
+            sinks.append(Recorder())
+            return sinks[-1]
+
+        before = _allocated_gib()
+        row: dict[str, Any] = {
+            "backend_asked": process_group_backend(device, cpu_offload=offload),
+            "error": "",
+        }
+        try:
+            t0 = time.perf_counter()
+            spy = dry_trainer_memory(cuda_api) if args.dry_run else contextlib.nullcontext()
+            with spy:
+                r1 = train_worker(
+                    0,
+                    1,
+                    f"tcp://127.0.0.1:{free_port()}",
+                    mode_cfg.with_overrides({"run.steps": first_steps}),
+                    run_dir,
+                    factory,
+                    progress=progress,
+                )
+            _release()
+            after_first = _allocated_gib()
+            spy = dry_trainer_memory(cuda_api) if args.dry_run else contextlib.nullcontext()
+            with spy:
+                r2 = train_worker(
+                    0, 1, f"tcp://127.0.0.1:{free_port()}", mode_cfg, run_dir, factory,
+                    progress=progress,
+                )  # fmt: skip
+            _release()
+            steps = {s: m for sink in sinks for s, m in sink.metrics.items()}
+            resumed = sorted(sinks[-1].metrics) if len(sinks) > 1 else []
+            row.update(
+                {
+                    "backend_seen": sorted(set(seen_backend)),
+                    "wall_s": time.perf_counter() - t0,
+                    "sharded_checkpoint": bool(r1.checkpoint_dir)
+                    and (Path(r1.checkpoint_dir) / SHARDS_DIR / ".metadata").is_file(),
+                    "resumed_steps": resumed,
+                    "resumed": resumed == list(range(first_steps + 1, cfg.run.steps + 1)),
+                    "grad_updates": [r1.grad_updates, r2.grad_updates],
+                    "rollout_tokens_per_s": _median_rate(steps, M.TOKENS_PER_S),
+                    "update_tokens_per_s": _median_rate(steps, M.UPDATE_TOKENS_PER_S),
+                    "peak_gib": {
+                        phase: max(
+                            m[M.peak_mem(phase)] for m in steps.values() if M.peak_mem(phase) in m
+                        )
+                        for phase in PHASES
+                        if any(M.peak_mem(phase) in m for m in steps.values())
+                    },
+                    "final_metrics": {
+                        k: v
+                        for k, v in steps[max(steps)].items()
+                        if k in (M.TOKENS_PER_S, M.UPDATE_TOKENS_PER_S) or "loss" in k
+                    }
+                    if steps
+                    else {},
+                    "released": after_first - before <= LEAK_TOLERANCE_GIB,
+                    "left_gib": after_first - before,
+                }
+            )
+        except Exception as exc:  # reported, not raised: the other mode and sections still run
+            row["error"] = _one_line(exc)
+            row["traceback"] = traceback.format_exc()[-4000:]
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            _release()
+        out[mode] = row
+    return out
+
+
+def _median_rate(steps: Mapping[int, Mapping[str, float]], name: str) -> float | None:
+    # The first step pays for kernel selection and the allocator's growth: skip it if we can.
+    values = [m[name] for s, m in sorted(steps.items()) if name in m and m[name] > 0]
+    values = values[1:] if len(values) > 1 else values
+    return statistics.median(values) if values else None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 # --- item 4: the bf16 head's gradient ----------------------------------------------------------------
@@ -571,6 +696,29 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"{r['second_started']} | {r['released']} "
             f"({_f(r['allocated_gib']['after_first'] - r['allocated_gib']['before'], 3)} GiB left) |"
         )
+    fsdp = report.get("fsdp") or {}
+    if fsdp:
+        lines += [
+            "",
+            f"FSDP2 on one rank ({fsdp['model']} shape; `distributed.train_worker`, as each "
+            "worker of `dapo train --workers N` or a Ray arm runs it):",
+            "",
+            f"| mode | backend | rollout tok/s | update tok/s | peak {unit} (update) | sharded checkpoint / resumed | released | error |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for mode, row in fsdp["modes"].items():
+            if row["error"]:
+                lines.append(
+                    f"| {mode} | {row['backend_asked']} | – | – | – | – | – | {row['error']} |"
+                )
+                continue
+            peak = row["peak_gib"].get("update")
+            lines.append(
+                f"| {mode} | {', '.join(row['backend_seen']) or row['backend_asked']} | "
+                f"{_f(row['rollout_tokens_per_s'], 0)} | {_f(row['update_tokens_per_s'], 0)} | "
+                f"{_f(peak * scale if peak is not None and not meta['dry_run'] else None)} | "
+                f"{row['sharded_checkpoint']} / {row['resumed']} | {row['released']} | |"
+            )
     lines += [
         "",
         "bf16 log-prob head vs float32 (relative gradient error; item 4):",
@@ -590,7 +738,17 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 
 def problems_of(report: Mapping[str, Any]) -> list[str]:
-    out = []
+    out = [f"{name}: {e['error']}" for name, e in report.get("errors", {}).items()]
+    for mode, row in report.get("fsdp", {}).get("modes", {}).items():
+        if row["error"]:
+            out.append(f"fsdp {mode}: {row['error']}")
+            continue
+        if not row["sharded_checkpoint"]:
+            out.append(f"fsdp {mode}: no sharded checkpoint written")
+        if not row["resumed"]:
+            out.append(f"fsdp {mode}: the second run resumed steps {row['resumed_steps']}")
+        if not row["released"]:
+            out.append(f"fsdp {mode}: the first run left {row['left_gib']:.2f} GiB allocated")
     for name, m in report["models"].items():
         if m["arch"]["params"] != m["arch"]["plan_params"]:
             out.append(
@@ -622,6 +780,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=ROOT / ".cache" / "gpu_check",
         help="where the JSON and Markdown go",
     )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="where the models and checkpoints are written, then deleted (default: --out)",
+    )
     p.add_argument("--dry-run", action="store_true", help="everything but CUDA: CPU, shrunk shapes")
     p.add_argument("--models", default=",".join(PRESETS), help="presets whose shapes to check")
     p.add_argument(
@@ -643,6 +807,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rollout.max_response_len (default 512; dry run 8)",
     )
     p.add_argument("--skip-head", action="store_true", help="leave out the bf16 head probe")
+    p.add_argument(
+        "--fsdp-model",
+        default=PRESETS[0],
+        help="preset whose shape trains on one FSDP2 rank (NCCL; NCCL + CPU offload); '' skips",
+    )
     args = p.parse_args(argv)
     small = args.dry_run
     defaults = {
@@ -692,22 +861,60 @@ def main(argv: Sequence[str] | None = None) -> int:
             "args": {k: str(v) for k, v in vars(args).items()},
         },
         "models": {},
+        "fsdp": {},
         "bf16_head": [],
+        "errors": {},
     }
-    with tempfile.TemporaryDirectory(prefix="gpu_check.", dir=args.out) as tmp:
-        for preset in [m.strip() for m in args.models.split(",") if m.strip()]:
-            print(f"gpu-check: {preset} ...", file=sys.stderr, flush=True)
-            report["models"][preset] = check_model(preset, args, Path(tmp))
+
+    def section(name: str, fn: Callable[[], Any], store: Callable[[Any], None]) -> None:
+        # A first GPU run must report every section it can: one that fails is recorded with its
+        # traceback (in the JSON and on stderr) and the others still run.
+        print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        try:
+            store(fn())
+        except Exception as exc:
+            report["errors"][name] = {
+                "error": _one_line(exc),
+                "traceback": traceback.format_exc()[-4000:],
+            }
+            traceback.print_exc()
+        finally:
             _release()
+            print(
+                f"gpu-check: {name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True
+            )
+            write()
+
+    def write() -> None:
+        # After every section, so that a run stopped at a time limit leaves what it measured.
+        report["meta"]["wall_s"] = time.perf_counter() - t0
+        report["problems"] = problems_of(report)
+        (args.out / "gpu_check.json").write_text(
+            json.dumps(report, indent=2, sort_keys=True, default=_json)
+        )
+        (args.out / "gpu_check.md").write_text(markdown(report))
+
+    with tempfile.TemporaryDirectory(prefix="gpu_check.", dir=args.work or args.out) as tmp:
+        for preset in [m.strip() for m in args.models.split(",") if m.strip()]:
+            section(
+                preset,
+                lambda p=preset: check_model(p, args, Path(tmp)),
+                lambda got, p=preset: report["models"].__setitem__(p, got),
+            )
+        if args.fsdp_model:
+            section(
+                f"fsdp {args.fsdp_model}",
+                lambda: check_fsdp(args.fsdp_model, args, Path(tmp)),
+                lambda got: report.__setitem__("fsdp", {"model": args.fsdp_model, "modes": got}),
+            )
     if not args.skip_head:
-        print("gpu-check: bf16 head ...", file=sys.stderr, flush=True)
-        report["bf16_head"] = check_head(device, args.dry_run)
-    report["meta"]["wall_s"] = time.perf_counter() - t0
-    report["problems"] = problems_of(report)
-    (args.out / "gpu_check.json").write_text(
-        json.dumps(report, indent=2, sort_keys=True, default=_json)
-    )
-    (args.out / "gpu_check.md").write_text(markdown(report))
+        section(
+            "bf16 head",
+            lambda: check_head(device, args.dry_run),
+            lambda got: report.__setitem__("bf16_head", got),
+        )
+    write()
     print(markdown(report))
     print(f"gpu-check: wrote {args.out / 'gpu_check.json'} and gpu_check.md", file=sys.stderr)
     return 1 if report["problems"] else 0

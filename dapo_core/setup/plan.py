@@ -555,21 +555,39 @@ def _hf_sampling(s: Setting) -> Item:
     cfg, N = s.cfg, s.workers
     per_call = max(1, HF_MAX_BATCH_SEQS // cfg.rollout.group_size)
     prompts = min(per_call, math.ceil(cfg.batch.gen_batch_size / N))
-    kv_bytes = 4 if N == 1 else s.c  # one worker samples with its fp32 masters
+    # One worker samples with its fp32 masters under autocast, whose k/v projections return
+    # the compute dtype (measured on an H200: bench/RESULTS.md, first contact with a GPU); in
+    # float32 the cache is float32. N workers sample with their compute-dtype rollout copy.
+    kv_bytes = 4 if s.regime == "fp32" else s.c
     return hf_kv_cache(s.a, prompts * cfg.rollout.group_size, s.seq_len, kv_bytes)
 
 
 def hf_kv_cache(a: Architecture, rows: int, seq_len: int, kv_bytes: int) -> Item:
     """The hf engine's sampling memory, while it generates: the KV cache of `rows` sequences of
-    `seq_len` tokens (`kv_bytes` per value) and one decode step's float32 logits, [rows, V]."""
-    kv = rows * seq_len * a.kv_bytes_per_token * kv_bytes
-    logits = rows * a.vocab * 4
+    `seq_len` tokens (`kv_bytes` per value; one layer's more while the cache grows by a
+    concatenation or drops finished rows) and a decode step's sampling working set per row and
+    vocabulary entry: its logits (`kv_bytes`), the sampler's float32 log-probs, this step's and
+    the last one's, and its float64 CDF (engines/hf.py: sampling_logprobs, draw)."""
+    kv = rows * seq_len * a.kv_bytes_per_token * kv_bytes * (1 + 1 / max(a.layers, 1))
+    sampling = rows * a.vocab * (kv_bytes + 4 + 4 + 8)
     return Item(
         "kv_hf",
         "hf engine's KV cache",
-        kv + logits,
+        kv + sampling,
         ("rollout",),
-        detail=f"{rows} sequences × {seq_len} tokens + one step's logits",
+        detail=f"{rows} sequences × {seq_len} tokens + a decode step's logits and sampler",
+    )
+
+
+def _autocast_copies(s: Setting) -> Item:
+    a = s.a
+    return Item(
+        "rollout_weights",
+        f"{s.cfg.model.dtype} weights while sampling",
+        s.c * (a.layers * (a.layer_params - 2 * a.hidden) + a.vocab * a.hidden),
+        ("rollout",),
+        detail="autocast's cached copies of every Linear weight, the LM head's included, kept "
+        "for the whole generation (one autocast block: engines/hf.py)",
     )
 
 
@@ -687,6 +705,10 @@ def _hf_several(s: Setting) -> bool:
     return _hf(s) and _several(s)
 
 
+def _hf_autocast(s: Setting) -> bool:
+    return _hf(s) and s.workers == 1 and s.regime == "autocast"
+
+
 def _gpu(s: Setting) -> bool:
     return s.device == "cuda"
 
@@ -713,6 +735,7 @@ TRAINING_ITEMS: tuple[tuple[Callable[[Setting], bool], Callable[[Setting], Item]
     (_vllm, _vllm_engine),
     (_hf_several, _rollout_copy),
     (_hf, _hf_sampling),
+    (_hf_autocast, _autocast_copies),
     (_several, _weight_sync),
     (_several, _loading),
     (_gpu_several, _nccl),
