@@ -357,7 +357,7 @@ def train_worker(
         # memory released however the run ends: a pooled Ray actor trains the next arm here.
         with run_resources() as cleanup:
             coll = open_collective(cfg.run.collective_timeout_s)
-            return assemble_and_train(
+            result = assemble_and_train(
                 cfg,
                 Ranks(coll, device, sink_factory),
                 out_dir=Path(out_dir),
@@ -367,6 +367,12 @@ def train_worker(
                 t_start=t_start,
                 cleanup=cleanup,
             )
+            # Every rank finished: meet before any tears the group down, so that no rank
+            # closes its sockets while a peer still receives the last collective (gloo then
+            # aborts that peer). Not on failure: a missing rank would make it wait.
+            if dist.is_initialized():
+                coll.barrier()
+            return result
     finally:
         if dist.is_initialized():  # an engine's shutdown may have destroyed it already (vllm)
             dist.destroy_process_group()
