@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -244,10 +245,18 @@ def test_token_view_in_chromium(group_store: tuple[str, int], tmp_path: Path) ->
         assert page.evaluate(CLICK_JS.format(text="clipped"))
         text = page.wait_for(["clipped (DAPO Eq. 10)", "Answer", "</s>"])
         assert "Traceback" not in text
-        spans = page.evaluate(
+        read = (
             "Array.from(document.querySelectorAll('.dapo-token'))"
             ".map(s => [s.textContent, s.style.backgroundColor, s.title])"
         )
+        # Streamlit redraws the two responses one after the other: the legend can show the new
+        # colouring while the second response still has the old one. Read until every response is
+        # redrawn (no colour on "</s>", which the ratio colouring paints white) or time is up.
+        end = time.monotonic() + TIMEOUT_S
+        spans = page.evaluate(read)
+        while time.monotonic() < end and any(bg for t, bg, _ in spans if t == "</s>"):
+            time.sleep(browser.POLL_S)
+            spans = page.evaluate(read)
         # 8 token spans (group 0's members 0 and 1); the clipped ones coloured in the page.
         assert len(spans) == 8
         by_text = {(t, bg) for t, bg, _ in spans}
