@@ -358,3 +358,32 @@ def test_has_tokens_wants_every_list_of_one_length() -> None:
     assert tc.has_tokens(RECORD)
     assert not tc.has_tokens(None) and not tc.has_tokens({"text": ["a"]})
     assert not tc.has_tokens({**RECORD, "clip": [0]})
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_stored_trace_is_the_last_epochs(epochs: int, tmp_path: Path) -> None:
+    # One mini-batch per epoch: the first epoch's forward is on-policy (its old log-probs are
+    # that forward's), so its ratios are all exactly 1; after one update the second epoch's are
+    # not. The stored ratios tell the two apart only if the last epoch's trace replaced the first.
+    cfg = small(
+        "token_loss",
+        **{
+            "run.steps": 1,
+            "data.eval_problems": 2,
+            "data.eval_k": 1,
+            "algo.ppo_epochs": epochs,
+            "batch.mini_batch_size": 4,
+            "batch.train_batch_size": 4,
+            "batch.gen_batch_size": 4,
+        },
+    )
+    sink = ListSink()
+    train(cfg, sink=sink, out_dir=tmp_path)
+    ratios = [
+        r for s in sink.samples[1] if "tokens" in s for r in s["tokens"]["ratio"] if r is not None
+    ]
+    assert ratios
+    if epochs == 1:
+        assert set(ratios) == {1.0}
+    else:
+        assert any(r != 1.0 for r in ratios)
