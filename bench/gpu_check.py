@@ -531,13 +531,6 @@ def check_fsdp(preset: str, args: argparse.Namespace, work: Path) -> dict[str, A
                         for phase in PHASES
                         if any(M.peak_mem(phase) in m for m in steps.values())
                     },
-                    "final_metrics": {
-                        k: v
-                        for k, v in steps[max(steps)].items()
-                        if k in (M.TOKENS_PER_S, M.UPDATE_TOKENS_PER_S) or "loss" in k
-                    }
-                    if steps
-                    else {},
                     "released": after_first - before <= LEAK_TOLERANCE_GIB,
                     "left_gib": after_first - before,
                 }
