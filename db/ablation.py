@@ -10,7 +10,7 @@ db.reads' rule.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,8 +136,11 @@ def _fingerprints(conn: sa.Connection, sweep_id: int | None) -> dict[int, tuple[
     return out
 
 
-def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
-    """Every sweep (or the one `sweep_id` names), newest first, with progress: runs_done counts
+def list_sweeps(
+    engine: sa.Engine, sweep_id: int | None = None, *, among: Sequence[int] | None = None
+) -> pd.DataFrame:
+    """Every sweep (or the one `sweep_id` names, or those `among` names: the Sweeps page's
+    page of them), newest first, with progress: runs_done counts
     the (arm, seed) pairs with a completed attempt out of arms_total = arms × seeds. best_arm
     (and best_score, its mean) is set only when the arm with the highest mean leads the
     runner-up significantly (paired 95% interval over seeds above 0); `leader` is the
@@ -150,6 +153,8 @@ def list_sweeps(engine: sa.Engine, sweep_id: int | None = None) -> pd.DataFrame:
         select_sweeps = sa.select(_sweeps)
         if sweep_id is not None:
             select_sweeps = select_sweeps.where(_sweeps.c.id == int(sweep_id))
+        if among is not None:
+            select_sweeps = select_sweeps.where(_sweeps.c.id.in_([int(i) for i in among]))
         sweeps = conn.execute(select_sweeps.order_by(_sweeps.c.id.desc())).all()
         if not sweeps:
             return to_frame([], SWEEP_COLUMNS)

@@ -18,14 +18,20 @@ if first.empty:
 
 live = widgets.live_refresh(running=bool((first["status"] == "running").any()))
 shown_hidden = notes.show_hidden()
+# Each listed sweep's progress and leader come from its ablation table, computed once per
+# dashboard process (then kept while nothing under it changes): listing only the newest few
+# keeps a first load's cost to what is shown, not to every sweep the store holds.
+PAGE_SIZES = {"25 newest": 25, "100 newest": 100, "all": None}
+size = PAGE_SIZES[st.selectbox("Sweeps listed", list(PAGE_SIZES), key="sweeps-listed", width=160)]
 
 
 @st.fragment(run_every=widgets.REFRESH_S if live else None)
 def sweeps_body() -> None:
-    every = notes.with_sweep_annotations(ablation.list_sweeps(engine), engine)
-    hidden = {int(s) for s, h in zip(every["sweep_id"], every["hidden"], strict=True) if h}
-    keep = notes.visible(every["sweep_id"], hidden, show=shown_hidden)
-    sweeps = every[every["sweep_id"].isin(keep)].sort_values("sweep_id", ascending=False)
+    ids = sorted((int(i) for i in ablation.sweep_choices(engine)["sweep_id"]), reverse=True)
+    listable = notes.visible(ids, ann.hidden_sweeps(engine), show=shown_hidden)
+    page = listable[:size] if size is not None else listable
+    sweeps = notes.with_sweep_annotations(ablation.list_sweeps(engine, among=page), engine)
+    sweeps = sweeps.sort_values("sweep_id", ascending=False)
     frame = sweeps.assign(
         open="./?sweep=" + sweeps["sweep_id"].astype(str),
         status=sweeps["status"].map(shaping.status_badge),
@@ -44,9 +50,14 @@ def sweeps_body() -> None:
         column_order=layout.SWEEP_ORDER,
         column_config=layout.sweep_columns(),
     )
-    left_out = len(every) - len(sweeps)
+    left_out = len(ids) - len(listable)
     st.caption(
         f"{len(sweeps)} sweep(s)"
+        + (
+            f" of {len(listable)}, the newest (Sweeps listed: more)"
+            if len(page) < len(listable)
+            else ""
+        )
         + (
             f", {left_out} hidden (Show hidden sweeps, in the sidebar, lists them)"
             if left_out
