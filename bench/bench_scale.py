@@ -363,7 +363,7 @@ def pages(sweep_id: int, run_id: int, other_run: int) -> list[tuple[str, str, li
     """(label, path, text that says the page's data is on the screen)."""
     return [
         ("ablation", f"/?sweep={sweep_id}&live=0", ["Ablation ladder", "token_loss", "leads"]),
-        ("sweeps", "/sweeps?live=0", ["sweep(s). The best arm"]),
+        ("sweeps", "/sweeps?live=0", ["sweep(s)", "The best arm is named only"]),
         ("curves", f"/curves?sweep={sweep_id}", ["seed(s) per arm: line = mean"]),
         ("mechanisms", f"/mechanisms?sweep={sweep_id}", ["Each arm's signature", "Every metric"]),
         ("grid", f"/grid?sweep={sweep_id}", ["is not a grid"]),
