@@ -167,4 +167,5 @@ def test_the_plan_covers_each_phase_an_h200_measured(module: ModuleType) -> None
             # 5%: the buffers and cuBLAS workspaces no item models (~0.07 GiB at load).
             assert measured <= 1.05 * row["plan_gib"], (name, phase, measured, row["plan_gib"])
         update = module.plan_phases(plan)["update"]["plan_gib"]
-        assert m["memory"]["update"]["measured_gib"] >= 0.9 * update  # and not far above it
+        # ... and the largest phase's plan is not far above what it measured either.
+        assert m["memory"]["update"]["measured_gib"] >= 0.9 * update

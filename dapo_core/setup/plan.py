@@ -405,12 +405,18 @@ class Setting:
         )
 
 
+def _decoder_linears(a: Architecture) -> int:
+    """The decoder's Linear parameters (each layer's, less its two norms' weights): what
+    autocast casts and caches on one worker."""
+    return a.layers * (a.layer_params - 2 * a.hidden)
+
+
 def _weights(s: Setting) -> Item:
     a, N, c = s.a, s.workers, s.c
     if N == 1 and s.regime == "fp32":
         weights, wnote = 0.0, "the fp32 masters are the compute weights"
     elif N == 1:
-        weights = c * a.layers * (a.layer_params - 2 * a.hidden)
+        weights = c * _decoder_linears(a)
         wnote = f"autocast's {c}-byte copies of the decoder's Linear weights"
     else:
         cw = c if s.regime == "fsdp" else 4
@@ -584,7 +590,7 @@ def _autocast_copies(s: Setting) -> Item:
     return Item(
         "rollout_weights",
         f"{s.cfg.model.dtype} weights while sampling",
-        s.c * (a.layers * (a.layer_params - 2 * a.hidden) + a.vocab * a.hidden),
+        s.c * (_decoder_linears(a) + a.vocab * a.hidden),
         ("rollout",),
         detail="autocast's cached copies of every Linear weight, the LM head's included, kept "
         "for the whole generation (one autocast block: engines/hf.py)",
@@ -706,7 +712,7 @@ def _hf_several(s: Setting) -> bool:
 
 
 def _hf_autocast(s: Setting) -> bool:
-    return _hf(s) and s.workers == 1 and s.regime == "autocast"
+    return _hf(s) and s.regime == "autocast"  # autocast: one worker in a low-precision dtype
 
 
 def _gpu(s: Setting) -> bool:
