@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from typing import Any
 from uuid import UUID
 
@@ -79,16 +80,68 @@ def fill_custom_run(
         raise RuntimeError(f"the form holds {typed}, not what was typed")
 
 
+# Every API call of the page that fails (an HTTP error or no answer), kept in the page as
+# "METHOD URL -> STATUS BODY", so that a form the UI refused says what the server answered.
+RECORD_FAILURES_JS = """(() => {
+  if (window.__apiFailures) return;
+  window.__apiFailures = [];
+  const note = line => window.__apiFailures.push(line.slice(0, 500));
+  const open = XMLHttpRequest.prototype.open, send = XMLHttpRequest.prototype.send;
+  XMLHttpRequest.prototype.open = function (method, url, ...rest) {
+    this.__call = `${method} ${url}`;
+    return open.call(this, method, url, ...rest);
+  };
+  XMLHttpRequest.prototype.send = function (...args) {
+    this.addEventListener('loadend', () => {
+      if (this.status === 0 || this.status >= 400) note(`${this.__call} -> ${this.status} ${this.responseText || ''}`);
+    });
+    return send.apply(this, args);
+  };
+  const fetch0 = window.fetch;
+  window.fetch = async (...args) => {
+    try {
+      const reply = await fetch0(...args);
+      if (!reply.ok) note(`fetch ${args[0]} -> ${reply.status}`);
+      return reply;
+    } catch (error) { note(`fetch ${args[0]} -> ${error}`); throw error; }
+  };
+})()"""
+REFUSED = "Something went wrong"
+
+
 def submit(page: Page, run_name: str) -> UUID:
     """Press Submit; the UI goes back to the deployment's page, which lists the new run by its
-    name: returns the flow run id its link holds (/runs/flow-run/ID)."""
-    click(page, "button", "Submit")
+    name: returns the flow run id its link holds (/runs/flow-run/ID).
+
+    Where the UI says it could not create the run (its "Something went wrong" toast, seen once
+    in a full suite on a loaded machine, with no run created), Submit is pressed once more, as a
+    user would, and a warning carries the API calls that failed; a second refusal fails."""
+    page.evaluate(RECORD_FAILURES_JS)
     link = f"{FIND}('a', {json.dumps(run_name)})"
-    href = wait_js(
-        page,
-        f"!location.pathname.endsWith('/run') && {link}?.getAttribute('href')",
-        f"the deployment's page listing the run {run_name!r}",
-    )
+    listed = f"!location.pathname.endsWith('/run') && {link}?.getAttribute('href')"
+    shown = f"(document.body.innerText.split({json.dumps(REFUSED)}).length - 1)"
+    for attempt in (1, 2):
+        before = int(page.evaluate(shown))  # the refusals already on the page
+        refused = f"{shown} > {before}"
+        click(page, "button", "Submit")
+        try:
+            outcome = wait_js(
+                page,
+                f"({listed}) || ({refused} && 'refused')",
+                f"the deployment's page listing the run {run_name!r}",
+            )
+        except TimeoutError as timeout:
+            failures = page.evaluate("window.__apiFailures")
+            raise TimeoutError(f"{timeout}\nfailed API calls: {failures}") from None
+        if outcome != "refused":
+            break
+        failures = page.evaluate("window.__apiFailures.splice(0)")
+        if attempt == 2:
+            raise RuntimeError(f"the UI refused the run twice; failed API calls: {failures}")
+        warnings.warn(
+            f"the Prefect UI refused the run once; failed API calls: {failures}", stacklevel=2
+        )
+    href = outcome
     found = re.search(r"/runs/flow-run/([0-9a-f-]{36})", str(href))
     if found is None:
         raise RuntimeError(f"the run's link is {href!r}, not a flow run's page")

@@ -317,11 +317,12 @@ def test_deploy_creates_the_pool_and_the_three_deployments_with_the_served_forms
 
 # --- a sweep through a worker -------------------------------------------------------------------
 def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
-    team: Team, deployed: str
+    team: Team, deployed: str, request: pytest.FixtureRequest
 ) -> None:
     from db import ablation, reads
 
     worker = team.start_worker("w1")
+    request.addfinalizer(lambda: _stop(worker, signal.SIGINT))
     params = {
         "preset": "tiny",
         "arms": ["grpo", "clip_higher"],
@@ -353,13 +354,12 @@ def test_a_sweep_created_through_the_api_runs_on_the_worker_and_fills_the_store(
             assert child.state.is_completed()
             assert submitted_by(team, child.id) == "w1"
             assert child.infrastructure_pid and int(child.infrastructure_pid) != worker.pid
-    _stop(worker, signal.SIGINT)
 
 
 # --- a sweep through the Prefect UI's form ------------------------------------------------------
 @pytest.mark.browser
 def test_a_sweep_submitted_through_the_prefect_ui_form_runs_on_the_worker_and_fills_the_store(
-    team: Team, deployed: str, tmp_path: Path
+    team: Team, deployed: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """What the deploy message tells a user: Deployments → dapo-sweep → Run → Custom run, the
     parameters typed as JSON, Submit; the flow run the form made is the pool's worker's."""
@@ -369,6 +369,8 @@ def test_a_sweep_submitted_through_the_prefect_ui_form_runs_on_the_worker_and_fi
 
     exe = find_chromium()
     worker = team.start_worker("form")
+    # Stopped whatever happens: a worker left polling takes the next tests' runs.
+    request.addfinalizer(lambda: _stop(worker, signal.SIGINT))
     run_name = "sweep-from-the-form"
     params = {
         "preset": "tiny",
@@ -415,7 +417,6 @@ def test_a_sweep_submitted_through_the_prefect_ui_form_runs_on_the_worker_and_fi
     assert list(runs["status"]) == ["completed"] and list(runs["steps"]) == [2]
     curves = reads.metric_curves(st.engine, [int(runs["run_id"].iloc[0])])
     assert not curves.empty and set(curves["step"]) >= {1, 2}
-    _stop(worker, signal.SIGINT)
 
 
 # --- two workers share the work -----------------------------------------------------------------
