@@ -128,3 +128,33 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def backend(store_url: str) -> str:
     """'sqlite' or 'postgresql': the backend of this test's store_url."""
     return "sqlite" if store_url.startswith("sqlite") else "postgresql"
+
+
+# --- one Prefect server per test process for the `dapo` commands the tests run ----------------
+# A `dapo sweep` without $PREFECT_API_URL starts a temporary server of its own: 3-10 s of wall
+# time and ~7 s of CPU before its first step, paid by each of the suite's dozens of sweeps. The
+# suite's processes share one per pytest process instead (a `dapo` command inherits the URL);
+# the tests of the temporary server itself, and of `dapo serve`, which starts its own, drop it
+# (tests/dapo_cli.py store_env(own_prefect=True), or monkeypatch.delenv).
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_prefect_server() -> Iterator[str]:
+    """$PREFECT_API_URL for the whole session: the caller's, else a server started here, with
+    its database beside the per-worker $PREFECT_HOME (warm after a machine's first run)."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    import prefect.context  # noqa: F401
+    import prefect_server
+
+    # Prefect's in-process settings are taken from the environment when prefect.context is
+    # first imported: imported before the URL is set, they stay what a test process had (no
+    # server), and only the commands a test starts (which inherit os.environ) get the URL.
+    home = Path(os.environ.get("PREFECT_HOME") or ROOT / ".cache" / "test-prefect-home")
+    with prefect_server.running(home / "shared-server") as api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+        try:
+            yield api_url
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)

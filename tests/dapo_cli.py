@@ -48,11 +48,14 @@ set = { "algo.scale_adv_by_std" = false }
 """
 
 
-def store_env(tmp: Path, base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+def store_env(
+    tmp: Path, base: Mapping[str, str] | None = None, *, own_prefect: bool = False, **extra: str
+) -> dict[str, str]:
     """`base` (default: this process's environment) with a store and a runs directory of their
     own under `tmp`, Prefect's database in $PREFECT_HOME (else one kept in .cache/, so that only
-    the first run on a machine pays its set-up) and no Prefect server: each command starts its
-    own. `extra` is added last."""
+    the first run on a machine pays its set-up) and the session's Prefect server
+    (conftest.shared_prefect_server), or with `own_prefect` none: each command then starts its
+    own temporary one. `extra` is added last."""
     env = {
         **(os.environ if base is None else base),
         "DAPO_DB_URL": f"sqlite:///{tmp / 'dapo.db'}",
@@ -61,7 +64,8 @@ def store_env(tmp: Path, base: Mapping[str, str] | None = None, **extra: str) ->
         or str(ROOT / ".cache" / "test-prefect-home"),
         **extra,
     }
-    env.pop("PREFECT_API_URL", None)
+    if own_prefect:
+        env.pop("PREFECT_API_URL", None)
     return env
 
 

@@ -1,5 +1,6 @@
-"""`dapo sweep` and `dapo arm` from a terminal: a temporary Prefect server, a local Ray, the
-real store.
+"""`dapo sweep` and `dapo arm` from a terminal: a Prefect server (the session's; the temporary
+one a command starts without $PREFECT_API_URL where that is what a test is about), a local Ray,
+the real store.
 
 The commands run as subprocesses, exactly as a user types them. Prefect's local database lives
 in $PREFECT_HOME when the run sets one (.ci/run gives it a fresh, empty one, as a new machine
@@ -35,6 +36,14 @@ from dapo_cli import (
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     out = store_env(tmp_path)
+    out.pop("RAY_ADDRESS", None)
+    return out
+
+
+@pytest.fixture
+def own_env(tmp_path: Path) -> dict[str, str]:
+    """`env` without the session's Prefect server: a command starts its own, as on a laptop."""
+    out = store_env(tmp_path, own_prefect=True)
     out.pop("RAY_ADDRESS", None)
     return out
 
@@ -182,8 +191,9 @@ def test_dapo_arm_refuses_a_seed_or_arm_outside_the_sweep(env: dict[str, str]) -
     assert store.get_sweep(sweep_id)["seeds"] == [0]
 
 
-def test_a_busy_port_is_named_with_what_holds_it(env: dict[str, str]) -> None:
+def test_a_busy_port_is_named_with_what_holds_it(own_env: dict[str, str]) -> None:
     """Issue 14.13: a second `dapo serve` said "no Prefect server answers there"."""
+    env = own_env
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -206,9 +216,10 @@ time.sleep(600)
 """
 
 
-def test_the_temporary_prefect_server_dies_with_a_killed_driver(env: dict[str, str]) -> None:
+def test_the_temporary_prefect_server_dies_with_a_killed_driver(own_env: dict[str, str]) -> None:
     """Issue 14.15: a SIGKILLed `dapo sweep` left Prefect's temporary server running (still up
     31 minutes later). The driver here starts its server exactly as `dapo sweep` does."""
+    env = own_env
     from flows.local_server import healthy
 
     driver = subprocess.Popen(
