@@ -1,6 +1,7 @@
 """`dapo sweep` and `dapo arm` from a terminal: a Prefect server (the session's; the temporary
-one a command starts without $PREFECT_API_URL where that is what a test is about), a local Ray,
-the real store.
+one a command starts without $PREFECT_API_URL where that is what a test is about), a Ray node
+(the module's, joined through RAY_ADDRESS; a local Ray where a test is about one), the real
+store.
 
 The commands run as subprocesses, exactly as a user types them. Prefect's local database lives
 in $PREFECT_HOME when the run sets one (.ci/run gives it a fresh, empty one, as a new machine
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +33,21 @@ from dapo_cli import (
     store_env,
     stored_sweep,
 )
+from ray_cluster import RayCluster, ray_cluster
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """One Ray node for the module's commands to join (RAY_ADDRESS), as they would a cluster
+    of one machine, instead of a local Ray started and stopped by each (~5 s and a few CPU
+    seconds a command); 2 CPUs, as the local Ray of this 2-core machine has."""
+    with ray_cluster(tmp_path_factory.mktemp("ray-head"), nodes=1, cpus_per_node=2) as head:
+        yield head
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    out = store_env(tmp_path)
-    out.pop("RAY_ADDRESS", None)
-    return out
+def env(tmp_path: Path, ray_head: RayCluster) -> dict[str, str]:
+    return store_env(tmp_path, ray_head.env, RAY_ADDRESS=ray_head.address)
 
 
 @pytest.fixture
