@@ -140,11 +140,11 @@ def backend(store_url: str) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_prefect_server() -> Iterator[str]:
-    """$PREFECT_API_URL for the whole session: the caller's, else a server started here, with
-    its database beside the per-worker $PREFECT_HOME (warm after a machine's first run)."""
-    if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
-        return
+    """$PREFECT_API_URL for the whole session: a server started here, with its database beside
+    the per-worker $PREFECT_HOME (warm after a machine's first run). A URL the caller's shell
+    sets is put back at the end, and never handed to a test's command: the tests' flow runs
+    stay out of a server of one's own."""
+    previous = os.environ.pop("PREFECT_API_URL", None)
     import prefect.context  # noqa: F401
     import prefect_server
 
@@ -158,3 +158,5 @@ def shared_prefect_server() -> Iterator[str]:
             yield api_url
         finally:
             os.environ.pop("PREFECT_API_URL", None)
+            if previous is not None:
+                os.environ["PREFECT_API_URL"] = previous

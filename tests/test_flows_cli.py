@@ -1,7 +1,6 @@
 """`dapo sweep` and `dapo arm` from a terminal: a Prefect server (the session's; the temporary
 one a command starts without $PREFECT_API_URL where that is what a test is about), a Ray node
-(the module's, joined through RAY_ADDRESS; a local Ray where a test is about one), the real
-store.
+(the module's, joined through RAY_ADDRESS), the real store.
 
 The commands run as subprocesses, exactly as a user types them. Prefect's local database lives
 in $PREFECT_HOME when the run sets one (.ci/run gives it a fresh, empty one, as a new machine
