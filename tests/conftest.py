@@ -139,20 +139,27 @@ def backend(store_url: str) -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def shared_prefect_server() -> Iterator[str]:
+def shared_prefect_server() -> Iterator[str | None]:
     """$PREFECT_API_URL for the whole session: a server started here, with its database beside
-    the per-worker $PREFECT_HOME (warm after a machine's first run). A URL the caller's shell
-    sets is put back at the end, and never handed to a test's command: the tests' flow runs
-    stay out of a server of one's own."""
+    the per-worker $PREFECT_HOME (warm after a machine's first run), one per Prefect version
+    (the side environments' suites run other versions, whose migrations an older server cannot
+    read). None in an environment without Prefect. A URL the caller's shell sets is put back
+    at the end, and never handed to a test's command: the tests' flow runs stay out of a
+    server of one's own."""
+    import importlib.util
+
+    if importlib.util.find_spec("prefect") is None:  # .venv-trackers: its suite needs none
+        yield None
+        return
     previous = os.environ.pop("PREFECT_API_URL", None)
-    import prefect.context  # noqa: F401
+    import prefect  # its settings (prefect.context) are read here, before the URL is set
     import prefect_server
 
     # Prefect's in-process settings are taken from the environment when prefect.context is
     # first imported: imported before the URL is set, they stay what a test process had (no
     # server), and only the commands a test starts (which inherit os.environ) get the URL.
     home = Path(os.environ.get("PREFECT_HOME") or ROOT / ".cache" / "test-prefect-home")
-    with prefect_server.running(home / "shared-server") as api_url:
+    with prefect_server.running(home / f"shared-server-{prefect.__version__}") as api_url:
         os.environ["PREFECT_API_URL"] = api_url
         try:
             yield api_url
