@@ -152,12 +152,12 @@ def shared_prefect_server() -> Iterator[str | None]:
         yield None
         return
     previous = os.environ.pop("PREFECT_API_URL", None)
-    import prefect  # its settings (prefect.context) are read here, before the URL is set
+    # Prefect's in-process settings are read from the environment when prefect.context is
+    # first imported (by `import prefect`): imported before the URL is set, they stay what a
+    # test process had (no server); only the commands a test starts inherit the URL.
+    import prefect
     import prefect_server
 
-    # Prefect's in-process settings are taken from the environment when prefect.context is
-    # first imported: imported before the URL is set, they stay what a test process had (no
-    # server), and only the commands a test starts (which inherit os.environ) get the URL.
     home = Path(os.environ.get("PREFECT_HOME") or ROOT / ".cache" / "test-prefect-home")
     with prefect_server.running(home / f"shared-server-{prefect.__version__}") as api_url:
         os.environ["PREFECT_API_URL"] = api_url

@@ -121,7 +121,8 @@ def submit(page: Page, run_name: str) -> UUID:
     listed = f"!location.pathname.endsWith('/run') && {link}?.getAttribute('href')"
     shown = f"(document.body.innerText.split({json.dumps(REFUSED)}).length - 1)"
     for attempt in (1, 2):
-        before = int(page.evaluate(shown))  # the refusals already on the page
+        # The refusals already on the page (one refusal may draw its text more than once).
+        before = int(page.evaluate(shown))
         refused = f"{shown} > {before}"
         click(page, "button", "Submit")
         try:
