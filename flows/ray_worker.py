@@ -718,7 +718,9 @@ def run_evaluation(
 
 
 def _stop(actors: list[Any]) -> None:
-    for actor in actors:
+    # Without a Ray of ours there is nothing to kill, and ray.kill would start or join one:
+    # ray.init() with no address joins whatever cluster this machine last `ray start`ed.
+    for actor in actors if ray.is_initialized() else []:
         with contextlib.suppress(Exception):
             ray.kill(actor)
     if STOP.is_set():

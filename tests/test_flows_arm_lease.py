@@ -226,6 +226,7 @@ def test_a_lost_lease_stops_its_own_arms_wait_and_no_other() -> None:
 
     from flows import ray_worker
 
+    had_ray = ray_worker.ray.is_initialized()  # an earlier test in this process may have one
     cancel = threading.Event()
     cancel.set()
     elsewhere: list[bool] = []
@@ -235,7 +236,10 @@ def test_a_lost_lease_stops_its_own_arms_wait_and_no_other() -> None:
         other.start()  # a thread of its own: not this call's context
         other.join()
         with pytest.raises(ray_worker.LeaseLost, match="another process took this run over"):
-            ray_worker._wait(object(), None, None)  # the kill of a non-actor is suppressed
+            ray_worker._wait(object(), None, None)
     finally:
         ray_worker._CANCEL.reset(token)
     assert elsewhere == [False] and not ray_worker._stopping()
+    # With no Ray in this process the stop kills nothing and starts no Ray: ray.kill would
+    # have joined whatever cluster this machine last `ray start`ed (one CI run hung there).
+    assert ray_worker.ray.is_initialized() == had_ray
