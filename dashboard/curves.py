@@ -328,13 +328,16 @@ def chart_data(band: pd.DataFrame, x_title: str, raw: pd.DataFrame | None = None
 
 
 def final_values(
-    curves: pd.DataFrame, run_ids: Sequence[int], labels: Sequence[str]
+    finals: pd.DataFrame, run_ids: Sequence[int], labels: Sequence[str]
 ) -> pd.DataFrame:
-    """Each metric's value at each run's last logged step, one column per run (for Compare)."""
+    """Each metric's value at its own last logged step, one column per run (for Compare):
+    `finals` is db.reads.final_metrics (run_id, name, step, value) or any longer frame of the
+    runs' rows, whose last step per (run, name) is taken. A value logged as NaN/inf at that
+    step stays NaN: it is what the run ended on."""
     out = pd.DataFrame(columns=["metric", *labels])
-    if curves.empty:
+    if finals.empty:
         return out
-    last = curves.sort_values("step").groupby(["run_id", "name"], as_index=False).last()
+    last = finals.sort_values("step", kind="stable").groupby(["run_id", "name"]).tail(1)
     wide = last.pivot(index="name", columns="run_id", values="value")
     wide = wide.reindex(columns=list(run_ids))
     wide.columns = list(labels)

@@ -442,6 +442,44 @@ def evaluation_curves(
     return frame.astype({"value": float})
 
 
+def final_metrics(engine: sa.Engine, run_ids: Sequence[int]) -> pd.DataFrame:
+    """Frame (run_id, name, step, value): each metric's row at its own last logged step, per
+    run (NaN where that row's value was logged as NaN/inf). One row per (run, metric), however
+    long the runs: the last step comes from the run's summaries when it has ended (db.summaries),
+    else from its rows' keys, and the value is then one key lookup."""
+    columns = ["run_id", "name", "step", "value"]
+    ids = [int(r) for r in run_ids]
+    if not ids:
+        return to_frame([], columns).astype({"value": float})
+    m, s = _metrics.c, RUN_METRIC_SUMMARIES.c
+    with engine.connect() as conn:
+        done = sorted(summaries.summarized(conn, ids))
+        rest = [r for r in ids if r not in set(done)]
+        lasts = []
+        if done:
+            lasts.append(
+                sa.select(s.run_id, s.name, s.max_step.label("step")).where(s.run_id.in_(done))
+            )
+        if rest:
+            lasts.append(
+                sa.select(m.run_id, m.name, sa.func.max(m.step).label("step"))
+                .where(m.run_id.in_(rest))
+                .group_by(m.run_id, m.name)
+            )
+        last = (lasts[0] if len(lasts) == 1 else sa.union_all(*lasts)).subquery()
+        query = (
+            sa.select(m.run_id, m.name, m.step, m.value)
+            .join_from(
+                _metrics,
+                last,
+                sa.and_(m.run_id == last.c.run_id, m.step == last.c.step, m.name == last.c.name),
+            )
+            .order_by(m.run_id, m.name)
+        )
+        frame = to_frame(conn.execute(query).all(), columns)
+    return frame.astype({"value": float})
+
+
 def metric_names(engine: sa.Engine, run_ids: Sequence[int]) -> list[str]:
     """The metric names the runs logged, sorted (read from the key alone: no value is read)."""
     ids = [int(r) for r in run_ids]

@@ -152,6 +152,58 @@ def test_readers_give_the_same_answers_from_summaries_as_from_rows(store_url: st
             assert a.mean == pytest.approx(b.mean, rel=1e-12, nan_ok=True)
 
 
+def _last_by_scan(engine: sa.Engine, run_ids: list[int]) -> dict[tuple[int, str], float]:
+    """Each (run, metric)'s value at its own last step, from every row the runs have."""
+    long = reads.metric_curves(engine, run_ids)
+    last = long.sort_values("step").groupby(["run_id", "name"]).tail(1)
+    return {
+        (int(r), str(n)): float(v)
+        for r, n, v in zip(last.run_id, last.name, last.value, strict=True)
+    }
+
+
+def test_final_metrics_are_each_series_last_row_from_summaries_or_rows(store_url: str) -> None:
+    """Compare's final values: one row per (run, metric) at the metric's own last step, the
+    same whether the step comes from the summaries (ended runs), from the rows (a running run,
+    a run without summaries) or from both at once; a NaN logged there stays NaN."""
+    store = Store(store_url)
+    # 21 steps: entropy/mean is NaN at step 21 (every 7th), the run's last
+    run_ids = _fill(store, steps={("grpo", 0): 21, ("clip_higher", 0): 16})
+    engine = store.engine
+    expected = _last_by_scan(engine, run_ids)
+    assert len(expected) == 2 * len(NAMES) and math.isnan(expected[(run_ids[0], "entropy/mean")])
+    with store.sink(run_ids[1]) as sink:  # a metric that stops before the run's last step
+        sink.log_metrics(3, {"early/only": 0.5})
+    store.end_attempt(run_ids[1], "completed", steps=16)
+    expected[(run_ids[1], "early/only")] = 0.5
+
+    def got() -> dict[tuple[int, str], float]:
+        frame = reads.final_metrics(engine, run_ids)
+        assert list(frame.columns) == ["run_id", "name", "step", "value"]
+        assert not frame.duplicated(["run_id", "name"]).any()
+        return {
+            (int(r), str(n)): float(v)
+            for r, n, v in zip(frame.run_id, frame.name, frame.value, strict=True)
+        }
+
+    def same(a: dict[tuple[int, str], float], b: dict[tuple[int, str], float]) -> bool:
+        return a.keys() == b.keys() and all(
+            (math.isnan(a[k]) and math.isnan(b[k])) or a[k] == b[k] for k in a
+        )
+
+    with engine.connect() as conn:
+        assert summaries.summarized(conn, run_ids) == set(run_ids)
+    assert same(got(), expected)
+    store.update_run(run_ids[0], status="running")  # one from rows, one from its summary
+    with engine.connect() as conn:
+        assert summaries.summarized(conn, run_ids) == {run_ids[1]}
+    assert same(got(), expected)
+    with engine.begin() as conn:
+        conn.execute(sa.delete(RUN_METRIC_SUMMARIES))
+    assert same(got(), expected)
+    assert reads.final_metrics(engine, []).empty
+
+
 def test_a_running_run_is_read_from_its_rows(store_url: str) -> None:
     """No summary speaks for a run that is still writing: a run set back to running loses its
     summary, and a metric it logs afterwards is in metric_names at once."""

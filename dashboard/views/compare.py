@@ -32,8 +32,10 @@ else:
     st.dataframe(diff, hide_index=True, width="stretch")
 
 st.subheader("Final metrics")
-long = reads.metric_curves(engine, [run_a, run_b])
-finals = curves.final_values(long, [run_a, run_b], [name_a, name_b])
+# One row per (run, metric), not the runs' whole curves: the read does not grow with their length.
+finals = curves.final_values(
+    reads.final_metrics(engine, [run_a, run_b]), [run_a, run_b], [name_a, name_b]
+)
 if finals.empty:
     st.info("Neither run has logged metrics yet.")
 else:
