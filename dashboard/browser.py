@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import html
 import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -46,6 +44,39 @@ CHROMIUM_FLAGS = (
     "--window-size=1600,1200",
 )
 POLL_S = 0.2  # how often a waiting loop looks again (the wait itself is for a condition)
+WATCH_MS = 50  # how often the page looks for the awaited text (time_to's resolution)
+WATCH_SLICE_S = 60.0  # the longest one look in the page lasts (the protocol's reply waits 120 s)
+# Page.text's text, computed in the page: its text nodes but those of scripts and styles, set
+# apart by spaces (what stripping the tags off its HTML leaves), blanks collapsed.
+_TEXT_JS = """() => {
+  if (!document.documentElement) return "";  // a document not parsed yet
+  const walker = document.createTreeWalker(document.documentElement, NodeFilter.SHOW_TEXT);
+  const parts = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const tag = node.parentNode ? node.parentNode.nodeName : "";
+    if (tag !== "SCRIPT" && tag !== "STYLE") parts.push(node.data);
+  }
+  return parts.join(" ").replace(/\\s+/g, " ");
+}"""
+# Resolves with performance.now() (ms since this document's navigation start) once every needle
+# is in the text, -1 when `ms` pass first, null at once on a blank page (the old one, before a
+# navigation replaces it).
+_WATCH_JS = (
+    """(needles, ms, every) => new Promise((resolve) => {
+  if (location.href === "about:blank") { resolve(null); return; }
+  const text = """
+    + _TEXT_JS
+    + """;
+  const end = performance.now() + ms;
+  const look = () => {
+    const seen = text();
+    if (needles.every((n) => seen.includes(n))) resolve(performance.now());
+    else if (performance.now() >= end) resolve(-1);
+    else setTimeout(look, every);
+  };
+  look();
+})"""
+)
 
 
 def find_browser() -> str | None:
@@ -149,28 +180,40 @@ class Page:
         self.call("Page.navigate", url=url)
 
     def text(self) -> str:
-        """The page's text: the DOM without scripts and styles, tags removed, blanks collapsed.
-        (Not innerText: Streamlit draws tables on a canvas and keeps their cells in a hidden
-        accessible table, which innerText leaves out.)"""
-        result = self.call(
-            "Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True
-        )
-        dom = str(result.get("result", {}).get("value") or "")
-        dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
-        return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom)))
+        """The page's text: its text nodes, scripts and styles left out, each set apart by a
+        space (as if every tag were one), blanks collapsed. (Not innerText: Streamlit draws
+        tables on a canvas and keeps their cells in a hidden accessible table, which innerText
+        leaves out.) Computed in the page: only the text crosses the protocol."""
+        return str(self.evaluate(f"({_TEXT_JS})()") or "")
 
     def wait_for(self, needles: Iterable[str], timeout_s: float = 120) -> str:
         """Wait until every needle is in the visible text; returns the text, or raises
         TimeoutError with what the page showed."""
-        wanted = list(needles)
+        self.time_to(needles, timeout_s)
+        return self.text()
+
+    def time_to(self, needles: Iterable[str], timeout_s: float = 120) -> float:
+        """Seconds from the current document's navigation start to the first moment every
+        needle was in its text (looked for in the page every WATCH_MS, so that nothing but a
+        yes or no crosses the protocol while the page draws), or TimeoutError with what the
+        page showed. Called right after `goto`, it waits for the new document: a blank one
+        (the old one still there) or one replaced while it looks is looked at again."""
+        wanted = json.dumps(list(needles))
         end = time.monotonic() + timeout_s
-        text = ""
-        while time.monotonic() < end:
-            text = self.text()
-            if all(n in text for n in wanted):
-                return text
-            time.sleep(POLL_S)
-        missing = [n for n in wanted if n not in text]
+        while (left := end - time.monotonic()) > 0:
+            ms = int(min(left, WATCH_SLICE_S) * 1000)
+            try:
+                at = self.evaluate(f"({_WATCH_JS})({wanted}, {ms}, {WATCH_MS})", wait=True)
+            except RuntimeError as error:  # the document was replaced while it looked
+                if "context" not in str(error) and "navigated" not in str(error):
+                    raise
+                at = None
+            if at is None:  # about:blank, or a document being replaced: look again
+                time.sleep(0.01)
+            elif at >= 0:
+                return float(at) / 1000.0
+        text = self.text()
+        missing = [n for n in json.loads(wanted) if n not in text]
         raise TimeoutError(f"not on the page after {timeout_s:g} s: {missing}\n{text[:3000]}")
 
     def set_viewport(self, width: int, height: int) -> None:
@@ -184,9 +227,12 @@ class Page:
             mobile=False,
         )
 
-    def evaluate(self, expression: str) -> Any:
-        """The JSON value of a JavaScript expression evaluated in the page."""
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+    def evaluate(self, expression: str, *, wait: bool = False) -> Any:
+        """The JSON value of a JavaScript expression evaluated in the page (`wait`: of the
+        promise it gives, once it settles)."""
+        result = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=wait
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"script failed: {result['exceptionDetails'].get('text')}")
         return result.get("result", {}).get("value")
