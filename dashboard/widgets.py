@@ -148,7 +148,7 @@ def pick_run(
         st.info(f"Sweep {sweep_id} has no runs yet.")
         return None
     runs = runs.sort_values(["arm", "seed", "attempt"], ascending=[True, True, False])
-    order = _ladder_rank(engine, sweep_id)
+    order = _ladder_rank(engine, sweep_id, runs)
     runs = runs.assign(_rank=runs["arm"].map(order).fillna(len(order))).sort_values(
         ["_rank", "seed", "attempt"], ascending=[True, True, False]
     )
@@ -164,9 +164,11 @@ def pick_run(
     return int(chosen)
 
 
-def _ladder_rank(engine: sa.Engine, sweep_id: int) -> dict[str, int]:
-    table = ablation.ablation_table(engine, sweep_id)
-    return {str(arm): i for i, arm in enumerate(table["arm"])}
+def _ladder_rank(engine: sa.Engine, sweep_id: int, runs: pd.DataFrame) -> dict[str, int]:
+    """Each arm's row in the ablation table (its ladder order), without scoring the table."""
+    with engine.connect() as conn:
+        sweep = reads.sweep_row(conn, engine, sweep_id)
+    return {arm: i for i, arm in enumerate(reads.arm_order(sweep, runs))}
 
 
 def show_flow_run_link(flow_run_id: str | None) -> None:

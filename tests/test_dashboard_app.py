@@ -298,6 +298,22 @@ def test_compare_two_runs(fixture_store: fx.FixtureStore) -> None:
     assert final_a["avg_at_k"].tolist() == pytest.approx([30.0])
 
 
+def test_the_run_picker_lists_runs_in_the_tables_arm_order(fixture_store: fx.FixtureStore) -> None:
+    """A run picker's runs: arms in the ablation table's (ladder) order, then seeds, the newest
+    attempt first; the order comes from the sweep's ladder, not from scoring its table."""
+    a = fixture_store.run_ids[("grpo", 0)]
+    at = open_page("compare", a=a, b=a)
+    labels = at.selectbox(key="compare-a").options
+    rows = [(lbl.split(" · ")[0], int(lbl.split(" · ")[1].split()[1]),
+             int(lbl.split(" · ")[2].split()[1])) for lbl in labels]  # fmt: skip
+    table = ablation.ablation_table(get_engine(fixture_store.url), fixture_store.sweep_id)
+    arms = list(dict.fromkeys(arm for arm, _, _ in rows))
+    assert arms == list(table["arm"]) == fx.ARMS and arms != sorted(arms)
+    rank = {arm: i for i, arm in enumerate(arms)}
+    assert rows == sorted(rows, key=lambda r: (rank[r[0]], r[1], -r[2]))
+    assert len(rows) == len(set(rows)) >= 2 * len(fx.ARMS)
+
+
 # --- mechanisms ------------------------------------------------------------------------------
 
 
