@@ -13,7 +13,9 @@ import sqlalchemy as sa
 import streamlit as st
 
 from dapo_common.util import first_line
-from dashboard import notes
+from dashboard import heap, notes
+
+heap.freeze_imports()
 
 VIEWS = Path(__file__).parent / "views"
 
