@@ -422,9 +422,9 @@ def measure(urls: dict[str, str], repeat: int, browser_on: bool) -> dict[str, An
         for label, url in urls.items()
     }
     # This process holds far more than a `dapo table` process would (both stores' frames, the
-    # libraries of every probe): a full garbage collection over that heap, 50-70 ms, landed in
-    # whichever probe triggered it and made its p95. Frozen, the collector walks only what the
-    # probes create, as it would in the command's own process.
+    # libraries of every probe): a full garbage collection over that heap landed in whichever
+    # probe triggered it (a call of 150-185 ms against 80-110) and made its p95. Frozen, the
+    # collector walks only what the probes create, as it would in the command's own process.
     gc.collect()
     gc.freeze()
     for probe in next(iter(probes.values())):

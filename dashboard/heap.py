@@ -3,7 +3,7 @@
 Python's full collection walks every tracked object. In the dashboard process those are mostly
 the imported libraries' (Streamlit, pandas, pyarrow, Altair's thousands of schema classes,
 SQLAlchemy): ~180k objects that live as long as the process, walked again at every full
-collection, tens of milliseconds each time, in the middle of whichever page load triggered it.
+collection (90-140 ms each here), in the middle of whichever page load triggered it.
 `gc.freeze()` moves them to the permanent generation once: later collections walk only what the
 pages themselves create. A page's own garbage is still collected as before.
 """

@@ -453,8 +453,8 @@ def final_metrics(engine: sa.Engine, run_ids: Sequence[int]) -> pd.DataFrame:
         return to_frame([], columns).astype({"value": float})
     m, s = _metrics.c, RUN_METRIC_SUMMARIES.c
     with engine.connect() as conn:
-        done = sorted(summaries.summarized(conn, ids))
-        rest = [r for r in ids if r not in set(done)]
+        ended = summaries.summarized(conn, ids)
+        done, rest = sorted(ended), [r for r in ids if r not in ended]
         lasts = []
         if done:
             lasts.append(
