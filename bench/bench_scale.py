@@ -382,8 +382,8 @@ def load_page(page: Any, url: str, needles: list[str]) -> float:
     """Seconds from navigation to `needles` on the screen (from a blank page, so that the last
     page's text cannot answer): the browser's own clock, from the document's navigation start
     to the first look that found them (the page looks every browser.WATCH_MS; until
-    2026-11-26 this process fetched the whole page's HTML every 0.2 s instead, which both
-    rounded each figure up by as much and loaded the machine while the page drew)."""
+    2026-11-26 this process fetched the whole page's HTML every 0.2 s instead, which rounded
+    each figure up by as much)."""
     page.goto("about:blank")
     end = time.monotonic() + 10
     while "Ablation" in page.text() and time.monotonic() < end:
