@@ -2,8 +2,9 @@
 
 The port and the store are checked (and the store migrated) here first, so that a busy port or
 a bad URL ends with one line in the terminal instead of an error page in the browser. Streamlit
-runs as this command's child: SIGTERM or SIGHUP to `dapo dashboard` (a service manager, a
-closed terminal) stops it too, instead of leaving it serving with no parent.
+runs as this command's child (through dashboard.serve, which loads the pages' libraries before
+it listens), and the URL is printed once it answers. SIGTERM or SIGHUP to `dapo dashboard` (a
+service manager, a closed terminal) stops it too, instead of leaving it serving with no parent.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
@@ -24,6 +26,8 @@ from typing import Any
 
 APP = Path(__file__).with_name("app.py")
 STOP_GRACE_S = 10.0  # how long Streamlit gets to stop on SIGTERM before it is killed
+ANSWER_WAIT_S = 120.0  # how long the URL waits for Streamlit to answer before it is printed anyway
+ANSWER_POLL_S = 0.1
 
 
 def register(subparsers: Any) -> None:
@@ -42,13 +46,14 @@ def register(subparsers: Any) -> None:
 
 
 def streamlit_command(*, port: int, host: str) -> list[str]:
-    """The `streamlit run` command line. It names no store: the URL, password and all, goes
-    to the app in $DAPO_DB_URL (see streamlit_env), since any user can read a command line
-    (`ps`), and only its owner the environment."""
+    """The `streamlit run` command line, through dashboard.serve (the pages' libraries loaded
+    before the server listens). It names no store: the URL, password and all, goes to the app
+    in $DAPO_DB_URL (see streamlit_env), since any user can read a command line (`ps`), and
+    only its owner the environment."""
     return [
         sys.executable,
         "-m",
-        "streamlit",
+        "dashboard.serve",
         "run",
         str(APP),
         "--server.headless",
@@ -131,6 +136,29 @@ def _wait_for(child: subprocess.Popen[bytes], stopping: list[int]) -> int:
             stopping.append(signal.SIGINT)
 
 
+def _await_answer(
+    host: str, port: int, child: subprocess.Popen[bytes], stopping: list[int], deadline_s: float
+) -> None:
+    """Return once Streamlit's health endpoint on (host, port) answers, Streamlit exits, a
+    signal stops it, or `deadline_s` passes."""
+    if host in ("", "0.0.0.0", "::"):  # every address: ask the loopback one
+        host = "127.0.0.1"
+    url = (
+        f"http://[{host}]:{port}/_stcore/health"
+        if ":" in host
+        else f"http://{host}:{port}/_stcore/health"
+    )
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and child.poll() is None and not stopping:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(ANSWER_POLL_S)
+
+
 def run_dashboard(args: argparse.Namespace) -> int:
     """Check the port and the store, then run Streamlit in the foreground until interrupted."""
     if not 0 < args.port < 65536:
@@ -140,12 +168,21 @@ def run_dashboard(args: argparse.Namespace) -> int:
 
     url = db_engine.resolve_url(args.store)
     db_engine.get_engine(url)  # ValueError / ConnectionError with one clear line if unusable
-    print(f"DAPO Lab dashboard: http://{args.host}:{args.port}  (store: {db_engine.safe_url(url)})")
-    print("Press Ctrl+C to stop.", flush=True)
+    address = f"http://{args.host}:{args.port}"
+    print(f"starting the dashboard on {address} (store: {db_engine.safe_url(url)})", flush=True)
     child = subprocess.Popen(
         streamlit_command(port=args.port, host=args.host), env=streamlit_env(url)
     )
     with _stopping_child_on(child, signal.SIGTERM, signal.SIGHUP) as stopping:
+        try:
+            _await_answer(args.host, args.port, child, stopping, ANSWER_WAIT_S)
+        except KeyboardInterrupt:  # Ctrl+C reached Streamlit too: it is stopping by itself
+            stopping.append(signal.SIGINT)
+        if child.poll() is None and not stopping:
+            # The URL once it works (the server loads the pages' libraries before it listens),
+            # or after ANSWER_WAIT_S on a machine too busy to say.
+            print(f"DAPO Lab dashboard: {address}  (store: {db_engine.safe_url(url)})")
+            print("Press Ctrl+C to stop.", flush=True)
         code = _wait_for(child, stopping)
     if not stopping:
         return code

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,16 @@ def test_sigterm_stops_streamlit_too(tmp_path: Path) -> None:
     )
     child = None
     try:
+        assert proc.stdout is not None
+        shown = b""
+        for line in iter(proc.stdout.readline, b""):
+            shown += line
+            if b"DAPO Lab dashboard: " in line:
+                break
+        assert f"DAPO Lab dashboard: http://127.0.0.1:{port}".encode() in shown, shown
+        # The URL works the moment it is printed (the server loads its libraries first).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5) as ok:
+            assert ok.status == 200
         browser.wait_until_healthy(port, proc, 90)  # Streamlit answers: it is running
         children = _children(proc.pid)
         assert len(children) == 1, children

@@ -175,7 +175,7 @@ def test_cli_runs_streamlit_headless_with_the_store_url(
     monkeypatch.setattr(cli.subprocess, "Popen", FakeStreamlit)
     assert args.func(args) == 0
     cmd = seen["cmd"]
-    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"]
+    assert cmd[:4] == [sys.executable, "-m", "dashboard.serve", "run"]
     assert cmd[4] == str(Path(cli.__file__).with_name("app.py"))
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[cmd.index("--server.port") + 1] == port

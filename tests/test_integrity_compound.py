@@ -203,7 +203,7 @@ def test_the_served_dashboards_processes_show_no_password(
         for pid in pids:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert not any(secret.encode() in part for part in argv), argv
-        assert any(b"streamlit" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
+        assert any(b"dashboard.serve" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
     finally:
         browser.stop(server, group=True)
 
