@@ -41,8 +41,9 @@ KINDS: list[tuple[str, tuple[str, ...]]] = [
         ("bin/dapo sweep", "bin/dapo arm", "bin/dapo train", "bin/dapo eval"),
     ),
     ("dapo, other commands", ("bin/dapo",)),
+    # Before the workers: a raylet's command line holds the worker command it starts.
+    ("Ray raylet / GCS", ("raylet/raylet", "gcs_server")),
     ("Ray worker (arms' actors)", ("default_worker.py", "ray::")),
-    ("Ray raylet / GCS", ("raylet", "gcs_server")),
     ("Ray, other", ("ray/", "ray_")),
     ("torch multiprocessing spawn (gloo workers)", ("multiprocessing.spawn",)),
     ("Chromium", ("chrom",)),
