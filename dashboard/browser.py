@@ -87,17 +87,15 @@ def find_browser() -> str | None:
 def wait_until_healthy(port: int, server: subprocess.Popen[bytes], deadline_s: float) -> None:
     """Poll Streamlit's health endpoint until it answers; RuntimeError if the server dies or
     the deadline passes."""
-    url = f"http://127.0.0.1:{port}/_stcore/health"
+    from dashboard.cli import answers, health_url
+
+    url = health_url("127.0.0.1", port)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if server.poll() is not None:
             raise RuntimeError(f"streamlit exited with code {server.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
+        if answers(url):
+            return
         time.sleep(POLL_S)
     raise RuntimeError(f"streamlit did not answer on port {port} within {deadline_s} s")
 

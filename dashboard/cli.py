@@ -136,26 +136,36 @@ def _wait_for(child: subprocess.Popen[bytes], stopping: list[int]) -> int:
             stopping.append(signal.SIGINT)
 
 
-def _await_answer(
-    host: str, port: int, child: subprocess.Popen[bytes], stopping: list[int], deadline_s: float
-) -> None:
-    """Return once Streamlit's health endpoint on (host, port) answers, Streamlit exits, a
-    signal stops it, or `deadline_s` passes."""
-    if host in ("", "0.0.0.0", "::"):  # every address: ask the loopback one
+def health_url(host: str, port: int) -> str:
+    """Streamlit's health endpoint on (host, port); a server on every address is asked on
+    the loopback one."""
+    if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
-    url = (
+    return (
         f"http://[{host}]:{port}/_stcore/health"
         if ":" in host
         else f"http://{host}:{port}/_stcore/health"
     )
-    end = time.monotonic() + deadline_s
+
+
+def answers(url: str) -> bool:
+    """Whether the health endpoint at `url` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def _await_answer(
+    host: str, port: int, child: subprocess.Popen[bytes], stopping: list[int], deadline_s: float
+) -> None:
+    """Return once Streamlit answers on (host, port), exits, a signal stops it, or
+    `deadline_s` passes."""
+    url, end = health_url(host, port), time.monotonic() + deadline_s
     while time.monotonic() < end and child.poll() is None and not stopping:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
+        if answers(url):
+            return
         time.sleep(ANSWER_POLL_S)
 
 
