@@ -4,6 +4,7 @@ manager or a user runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -80,6 +81,9 @@ def test_sigterm_stops_streamlit_too(tmp_path: Path) -> None:
         for pid in (child, proc.pid):
             if pid is not None and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        # A failure before the child was found leaves it unnamed: the whole group goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
 
