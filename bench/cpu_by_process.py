@@ -95,7 +95,8 @@ def sample(
                     continue
                 cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
                 seen[key] = [before.get(key, 0.0), used, cmdline]
-            seen[key][1] = used
+            else:
+                seen[key][1] = used
         stop.wait(SAMPLE_S)
 
 
