@@ -142,14 +142,19 @@ def test_a_failing_section_is_reported_and_the_others_still_run(
     assert len(report["bf16_head"]) == 2  # the section after it ran
 
 
-MEASURED = ROOT / "bench" / "gpu" / "h200-2026-11-26.json"
-"""`make gpu-check` on an NVIDIA H200 (torch 2.11.0+cu130), the qwen2.5-0.5b shape at 8 prompts × 8
-responses of 256 tokens: torch.cuda.max_memory_allocated per phase (bench/RESULTS.md)."""
+MEASURED = {
+    "h200-0.5b": ROOT / "bench" / "gpu" / "h200-2026-11-26.json",
+    "h100-1.5b": ROOT / "bench" / "gpu" / "h100-2026-11-26-1.5b.json",
+}
+"""`make gpu-check` on a GPU, torch 2.11.0+cu130: the qwen2.5-0.5b shape on an NVIDIA H200 and the
+qwen2.5-1.5b shape on an NVIDIA H100, each at 8 prompts × 8 responses of 256 tokens;
+torch.cuda.max_memory_allocated per phase (bench/RESULTS.md)."""
 
 
-def test_the_plan_covers_each_phase_an_h200_measured(module: ModuleType) -> None:
-    # Before the autocast copies were planned, the rollout phase measured 1.17x its plan.
-    report = json.loads(MEASURED.read_text())
+@pytest.mark.parametrize("card", sorted(MEASURED))
+def test_the_plan_covers_each_phase_a_gpu_measured(module: ModuleType, card: str) -> None:
+    # Before the autocast copies were planned, the H200's rollout phase measured 1.17x its plan.
+    report = json.loads(MEASURED[card].read_text())
     rec = report["meta"]["args"]
     args = module.parse_args(
         [
