@@ -131,3 +131,23 @@ def test_band_chart_sends_its_rows_once() -> None:
     assert all(m["aria"] is False for m in marks)  # no per-point description strings
     # step 1 has one seed: the band's layers leave it out, as the old per-layer dropna did
     assert [m.get("invalid") for m in marks[1:4]] == ["filter"] * 3
+
+
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("points", [False, True])
+@pytest.mark.parametrize("log_y", [False, True])
+@pytest.mark.parametrize("bounds", list(curves.BANDS.values()))
+def test_every_band_chart_variant_is_a_valid_vega_lite_spec(
+    raw: bool, points: bool, log_y: bool, bounds: tuple[str, str]
+) -> None:
+    # band_chart's charts skip Altair's schema validation on every page view (BandChart); this
+    # is where each variant the pages draw is validated instead: an invalid spec raises here.
+    rows = [("a", 0, 0, 1.0), ("a", 1, 0, 3.0), ("b", 0, 1, 2.0), ("b", 1, 1, 4.0)]
+    band = curves.seed_band(long_frame(rows))
+    chart = curves.band_chart(
+        band, "m", ["a", "b"], "step", points=points, bounds=bounds, log_y=log_y,
+        raw=band if raw else None, title="held-out" if points else None,
+    )  # fmt: skip
+    validated = chart.to_dict(validate=True)
+    assert chart.to_dict() == validated  # what st.altair_chart sends is the validated spec
+    assert len(validated["layer"]) == 4 + raw

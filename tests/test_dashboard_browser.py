@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import dashboard_fixtures as fx
+import pandas as pd
 import pytest
 
 from dashboard import browser
@@ -78,3 +80,38 @@ def test_mechanisms_view_renders_each_arms_signature(served_dashboard: tuple[str
             ["Each arm's signature", "+1.25 [+0.61, +1.89] *", "◆ loss/long_share (%)"]
         )
     assert "Mechanisms" in text and "Traceback" not in text
+
+
+# The button, not the label inside it: the page's <button> elements whose text names the CSV.
+CLICK_PLOTTED_CSV = (
+    "(() => { const b = [...document.querySelectorAll('button')]"
+    ".find(e => e.innerText.includes('Download the plotted data (CSV)'));"
+    " if (b) b.click(); return Boolean(b); })()"
+)
+
+
+def test_curves_csv_is_written_when_its_button_is_clicked(
+    served_dashboard: tuple[str, int], tmp_path: Path
+) -> None:
+    # The page hands Streamlit a function that writes the CSV on a click (not a CSV on every
+    # view): the click must reach the server and bring the file back.
+    exe = find_chromium()
+    base, sweep_id = served_dashboard
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    with browser.open_page(exe) as page:
+        page.call("Page.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
+        page.goto(f"{base}/curves?sweep={sweep_id}")
+        page.wait_for(["Download the plotted data (CSV)"])
+        assert page.evaluate(CLICK_PLOTTED_CSV)
+        path = downloads / f"curves-sweep{sweep_id}.csv"
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for the browser's file, not timing anything
+    assert path.exists(), list(downloads.iterdir())
+    frame = pd.read_csv(path)
+    assert list(frame.columns[:4]) == ["arm", "metric", "step", "gradient updates"]
+    assert {"mean", "low (95%)", "high (95%)", "seeds", "mean (raw)"} <= set(frame.columns)
+    assert set(frame["arm"]) == set(fx.ARMS)
+    assert frame["seeds"].max() == len(fx.SEEDS)  # the fixture has one-seed arms too
+    assert frame["mean"].notna().all()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
 from dapo_common import metric_names
@@ -9,6 +14,13 @@ from dashboard import curves, widgets
 from db import ablation, reads, table_format
 
 CURVE_POINTS = 1000  # steps read per (run, metric) unless the full series is asked for
+
+
+def csv_of(table: Callable[..., pd.DataFrame], *args: Any) -> str:
+    """A download's CSV, written when the button is clicked (Streamlit calls it then), not on
+    every view of the page: most views download nothing."""
+    return table(*args).to_csv(index=False)
+
 
 st.title("Training curves")
 engine = widgets.store()
@@ -111,7 +123,7 @@ else:
         )
         st.download_button(
             "Download the held-out curve (CSV)",
-            curves.chart_data(band, x_label).to_csv(index=False),
+            partial(csv_of, curves.chart_data, band, x_label),
             file_name=f"heldout-sweep{sweep_id}.csv",
             mime="text/csv",
             icon=":material/download:",
@@ -175,7 +187,7 @@ if linear:
     st.caption(f"Linear y (values ≤ 0, which a log scale cannot show): {', '.join(linear)}.")
 st.download_button(
     "Download the plotted data (CSV)",
-    curves.chart_data(band, x_label, raw).to_csv(index=False),
+    partial(csv_of, curves.chart_data, band, x_label, raw),
     file_name=f"curves-sweep{sweep_id}.csv",
     mime="text/csv",
     icon=":material/download:",
