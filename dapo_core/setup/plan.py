@@ -116,6 +116,14 @@ def auto_chunk_size(vocab_size: int) -> int:
 
 HF_MAX_BATCH_SEQS = 512
 """HFEngine's default max_batch_seqs: sequences per generate call (a test keeps them equal)."""
+HF_DECODE_ATTENTION_COPIES = 4
+"""The hf engine's decode attention, in units of one layer's keys and values expanded to every
+query head (2 × rows × heads × tokens × head_dim values in the cache's dtype). With a padding
+mask, transformers' sdpa path on CUDA expands GQA's keys and values to every head (repeat_kv)
+for each layer it runs, and the kernel's working set comes on top. Measured on GPUs as the
+rollout phase's peak beyond the KV cache, the sampler and the weights (bench/RESULTS.md): 2.9x
+(Qwen2.5-0.5B, 64 rows × 384 tokens, H200), 3.5x (1.5B, 64 × 384, H100) and 4.0x (0.5B,
+128 × 640, H100). Planned at the largest; which kernel holds what was not profiled."""
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -573,15 +581,18 @@ def hf_kv_cache(a: Architecture, rows: int, seq_len: int, kv_bytes: int) -> Item
     `seq_len` tokens (`kv_bytes` per value; one layer's more while the cache grows by a
     concatenation or drops finished rows) and a decode step's sampling working set per row and
     vocabulary entry: its logits (`kv_bytes`), the sampler's float32 log-probs, this step's and
-    the last one's, and its float64 CDF (engines/hf.py: sampling_logprobs, draw)."""
+    the last one's, and its float64 CDF (engines/hf.py: sampling_logprobs, draw); and one
+    layer's attention while it decodes (HF_DECODE_ATTENTION_COPIES)."""
     kv = rows * seq_len * a.kv_bytes_per_token * kv_bytes * (1 + 1 / max(a.layers, 1))
     sampling = rows * a.vocab * (kv_bytes + 4 + 4 + 8)
+    attention = HF_DECODE_ATTENTION_COPIES * 2 * rows * seq_len * a.q_dim * kv_bytes
     return Item(
         "kv_hf",
         "hf engine's KV cache",
-        kv + sampling,
+        kv + sampling + attention,
         ("rollout",),
-        detail=f"{rows} sequences × {seq_len} tokens + a decode step's logits and sampler",
+        detail=f"{rows} sequences × {seq_len} tokens + a decode step's logits, sampler and "
+        "one layer's attention",
     )
 
 
