@@ -14,7 +14,6 @@ from typing import Any
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
-from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
@@ -253,19 +252,6 @@ def downloads(monkeypatch: pytest.MonkeyPatch) -> dict[str, bytes]:
         return original(self, path_or_data, mimetype, kind, filename)
 
     monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", spy)
-    # A button given a function (written on a click, as the curves page's are): called here, as
-    # the server calls it when the browser asks for the file.
-    deferred = MediaFileManager.add_deferred
-
-    def spy_deferred(
-        self: MediaFileManager, data_callable: Any, mimetype: Any, coordinates: str,
-        file_name: str | None = None, **kwargs: Any,
-    ) -> str:  # fmt: skip
-        data = data_callable()
-        caught[str(file_name)] = data.encode() if isinstance(data, str) else data
-        return deferred(self, data_callable, mimetype, coordinates, file_name, **kwargs)
-
-    monkeypatch.setattr(MediaFileManager, "add_deferred", spy_deferred)
     return caught
 
 

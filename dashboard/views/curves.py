@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Any
-
-import pandas as pd
 import streamlit as st
 
 from dapo_common import metric_names
@@ -14,13 +9,6 @@ from dashboard import curves, widgets
 from db import ablation, reads, table_format
 
 CURVE_POINTS = 1000  # steps read per (run, metric) unless the full series is asked for
-
-
-def csv_of(table: Callable[..., pd.DataFrame], *args: Any) -> str:
-    """A download's CSV, written when the button is clicked (Streamlit calls it then), not on
-    every view of the page: most views download nothing."""
-    return table(*args).to_csv(index=False)
-
 
 st.title("Training curves")
 engine = widgets.store()
@@ -123,7 +111,7 @@ else:
         )
         st.download_button(
             "Download the held-out curve (CSV)",
-            partial(csv_of, curves.chart_data, band, x_label),
+            curves.chart_data(band, x_label).to_csv(index=False),
             file_name=f"heldout-sweep{sweep_id}.csv",
             mime="text/csv",
             icon=":material/download:",
@@ -187,7 +175,7 @@ if linear:
     st.caption(f"Linear y (values ≤ 0, which a log scale cannot show): {', '.join(linear)}.")
 st.download_button(
     "Download the plotted data (CSV)",
-    partial(csv_of, curves.chart_data, band, x_label, raw),
+    curves.chart_data(band, x_label, raw).to_csv(index=False),
     file_name=f"curves-sweep{sweep_id}.csv",
     mime="text/csv",
     icon=":material/download:",
