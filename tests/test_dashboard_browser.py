@@ -90,12 +90,12 @@ CLICK_PLOTTED_CSV = (
 )
 
 
-def test_curves_csv_is_written_when_its_button_is_clicked(
+def test_the_curves_csv_button_downloads_the_plotted_data(
     served_dashboard: tuple[str, int], tmp_path: Path
 ) -> None:
-    # The click must bring the file back from the server, with what the page plotted. (A
-    # button given a function that writes the CSV on the click, Streamlit's deferred download,
-    # left the button waiting for good on about 1 load in 6 with both cores busy: not used.)
+    # The click must bring the file back from the server, with what the page plotted.
+    # (Streamlit's deferred download, a function that writes the CSV on the click, failed this
+    # about 1 click in 6 with both cores busy: bench/RESULTS.md.)
     exe = find_chromium()
     base, sweep_id = served_dashboard
     downloads = tmp_path / "downloads"
