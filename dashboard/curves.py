@@ -16,11 +16,22 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from dapo_common import metric_names
+from dapo_common import metric_display, metric_names
 from db import stats
 
 DEFAULT_SMOOTHING = 0.6  # the EMA weight the curves page starts with (TensorBoard's default)
 BAND_COLUMNS = ["arm", "name", "step", "x", "mean", "low", "high", "min", "max", "n_seeds"]
+
+
+def to_display_units(curves: pd.DataFrame) -> pd.DataFrame:
+    """The long frame with each value in the unit the dashboard shows it in
+    (dapo_common.metric_display: a share x 100, in percent; everything else as stored). Every
+    later step (EMA, the t-interval, min and max) is linear, so the band of the scaled values is
+    the scaled band."""
+    if curves.empty:
+        return curves
+    factor = curves["name"].map({n: metric_display.scale(n) for n in curves["name"].unique()})
+    return curves.assign(value=curves["value"] * factor.astype(float))
 
 
 def ema(values: Sequence[float], weight: float) -> np.ndarray:
@@ -240,13 +251,17 @@ def band_chart(
     bounds: tuple[str, str] = ("low", "high"),
     raw: pd.DataFrame | None = None,
     log_y: bool = False,
+    y_title: str | None = None,
+    colour_title: str = "arm",
 ) -> BandChart:
     """One metric: a line per arm (mean over seeds) over its shaded band, the 95% interval over
     seeds by default (`bounds`: a pair of seed_band's columns). The band's edges are drawn as
     thin dashed lines in the arm's colour, so overlapping bands of several arms stay apart.
     `raw`: the unsmoothed band (seed_band of the same runs), drawn as a faint line behind the
     smoothed one, so smoothing never hides a spike. `log_y`: a log-scale y (positive values;
-    see log_ready).
+    see log_ready). The y axis is titled with the metric's display name and unit
+    (dapo_common.metric_display; `y_title` overrides it), the chart with its display name over
+    the metric's key; values are expected in display units (to_display_units).
 
     Every layer reads one table (chart_frame), given once to the chart: the browser receives
     and parses each row once, not once per layer."""
@@ -258,8 +273,12 @@ def band_chart(
     scale = alt.Scale(domain=list(arms), scheme="category10")
     # One legend for every layer; its symbols drawn as solid strokes (the band's opacity would
     # otherwise fade them).
-    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3)
-    colour = alt.Color("arm:N", scale=scale, sort=list(arms), title="arm", legend=legend)
+    # labelLimit: long arm names (a grid's) are shown whole, not cut to the same first letters
+    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3, labelLimit=420)
+    colour = alt.Color("arm:N", scale=scale, sort=list(arms), title=colour_title, legend=legend)
+    shown = metric_display.display(metric)
+    y_label = y_title or shown.label
+    number = metric_display.number_format(metric)
     x = alt.X("x:Q", title=x_title)
     # the faint raw line is part of what is shown: the range covers it too
     domain = value_domain(mine if not with_raw else pd.concat([mine, raw_data]), log=log_y)
@@ -276,12 +295,14 @@ def band_chart(
     area = (
         alt.Chart()
         .mark_area(opacity=0.14, invalid="filter", **quiet)
-        .encode(x=x, y=alt.Y(f"{low}:Q", title=metric, scale=y_scale), y2=f"{high}:Q", color=colour)
+        .encode(
+            x=x, y=alt.Y(f"{low}:Q", title=y_label, scale=y_scale), y2=f"{high}:Q", color=colour
+        )
     )
     edges = [
         alt.Chart()
         .mark_line(strokeWidth=1, strokeDash=[4, 3], opacity=0.8, invalid="filter", **quiet)
-        .encode(x=x, y=alt.Y(f"{edge}:Q", title=metric, scale=y_scale), color=colour)
+        .encode(x=x, y=alt.Y(f"{edge}:Q", title=y_label, scale=y_scale), color=colour)
         for edge in (low, high)
     ]
     point = alt.OverlayMarkDef(aria=False) if points else False
@@ -290,15 +311,15 @@ def band_chart(
         .mark_line(strokeWidth=2.5, point=point, **quiet)
         .encode(
             x=x,
-            y=alt.Y("mean:Q", title=metric, scale=y_scale),
+            y=alt.Y("mean:Q", title=y_label, scale=y_scale),
             color=colour,
             tooltip=[
-                "arm",
+                alt.Tooltip("arm:N", title=colour_title),
                 "step",
-                alt.Tooltip("x:Q", title=x_title),
-                alt.Tooltip("mean:Q", format=".3f"),
-                alt.Tooltip("low:Q", title="95% low", format=".3f"),
-                alt.Tooltip("high:Q", title="95% high", format=".3f"),
+                alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
+                alt.Tooltip("mean:Q", title=y_label, format=number),
+                alt.Tooltip("low:Q", title="95% low", format=number),
+                alt.Tooltip("high:Q", title="95% high", format=number),
                 alt.Tooltip("n_seeds:Q", title="seeds"),
             ],
         )
@@ -308,16 +329,19 @@ def band_chart(
         behind.append(
             alt.Chart()
             .mark_line(strokeWidth=1.2, opacity=0.3, **quiet)
-            .encode(x=x, y=alt.Y(f"{RAW}:Q", title=metric, scale=y_scale), color=colour)
+            .encode(x=x, y=alt.Y(f"{RAW}:Q", title=y_label, scale=y_scale), color=colour)
         )
     layered = BandChart(data=data, layer=[*behind, area, *edges, line])
-    return layered.properties(title=title or metric, height=height)
+    heading = alt.TitleParams(
+        text=title or shown.name, subtitle=metric, subtitleColor="#888", anchor="start"
+    )
+    return layered.properties(title=heading, height=height)
 
 
 def chart_data(band: pd.DataFrame, x_title: str, raw: pd.DataFrame | None = None) -> pd.DataFrame:
     """What a chart plots, as a table to download: per arm, metric and step the x value, the
     mean over seeds, its 95% interval, the seeds' range and n (with `raw`, the unsmoothed mean
-    beside the smoothed one)."""
+    beside the smoothed one), and the unit of those numbers (the shown one: % for a share)."""
     out = band.rename(
         columns={
             "name": "metric",
@@ -334,6 +358,7 @@ def chart_data(band: pd.DataFrame, x_title: str, raw: pd.DataFrame | None = None
             columns={"name": "metric", "mean": "mean (raw)"}
         )
         out = out.merge(unsmoothed, on=["arm", "metric", "step"], how="left")
+    out["unit"] = out["metric"].map(metric_display.unit) if len(out) else pd.Series(dtype=str)
     return out.reset_index(drop=True)
 
 

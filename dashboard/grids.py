@@ -98,6 +98,33 @@ def plot_frame(
     return ordered.sort_values(["series", "_x"]).drop(columns="_x").reset_index(drop=True)
 
 
+def arm_labels(ladder: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:
+    """A grid sweep's arms by what varies: 'clip_high=0.24, clip_low=0.16', the base arm's
+    values followed by ' (base)', from the sweep's stored ladder (its rungs' `grid`). Keys that
+    hold one value over every point are left out, so a one-key grid reads 'clip_high=0.24'.
+    Arms that are not grid points keep their names ({} for a sweep that is not a grid), and
+    so do all of them if two labels came out the same: a label must name one arm."""
+    rungs = [r for r in ladder or [] if r.get("grid") and "arm" in r]
+    if not rungs:
+        return {}
+    keys = list(dict.fromkeys(str(k) for r in rungs for k in r["grid"]))
+    varying = [k for k in keys if len({value_name(r["grid"].get(k)) for r in rungs}) > 1]
+    labels = {}
+    for rung in rungs:
+        text = ", ".join(f"{short(k)}={value_name(rung['grid'].get(k))}" for k in varying or keys)
+        labels[str(rung["arm"])] = text + (" (base)" if not rung.get("parent") else "")
+    if len(set(labels.values())) < len(labels):
+        return {}
+    return labels
+
+
+def relabel(frame: pd.DataFrame, labels: Mapping[str, str]) -> pd.DataFrame:
+    """A frame with an `arm` column, each arm replaced by its label where it has one."""
+    if not labels or frame.empty:
+        return frame
+    return frame.assign(arm=frame["arm"].map(lambda a: labels.get(str(a), a)))
+
+
 def _sort_key(x: Any) -> tuple[int, float, str]:
     number = _number(x)
     return (0, number, "") if number is not None else (1, 0.0, str(x))

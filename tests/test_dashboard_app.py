@@ -6,10 +6,12 @@ FINAL_SCORES, so a wrong Δ or mean ± std on screen fails the test.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import dashboard_fixtures as fx
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -48,6 +50,14 @@ def open_page(page: str | None = None, **query: object) -> AppTest:
         at.switch_page(f"views/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+def chart_rows(chart: object) -> pd.DataFrame:
+    """The one table an Altair chart on the page draws (st.altair_chart sends it as Arrow)."""
+    import pyarrow as pa
+
+    (named,) = chart.proto.datasets  # type: ignore[attr-defined]
+    return pa.ipc.open_stream(named.data.data).read_pandas()
 
 
 def texts(at: AppTest) -> str:
@@ -195,19 +205,34 @@ def test_curves_overlay_arms_for_each_metric(fixture_store: fx.FixtureStore) -> 
     metrics = at.multiselect(key="curve-metrics")
     # the first four headline metrics that were logged
     assert metrics.value == ["acc/mean", "reward/mean", "entropy/mean", "response_length/mean"]
-    assert "progress/tokens" in metrics.options
+    # offered by display name, beside the key
+    assert "generated tokens · progress/tokens" in metrics.options
     charts = at.get("vega_lite_chart")
     assert len(charts) == 5  # the held-out score, then the four metrics
-    held_out = charts[0].proto.spec
-    assert "aime2024 avg@4" in held_out and "eval/avg_at_k" in held_out
-    assert "gradient updates" in held_out
+    # One unit with the table: the held-out axis in percent, titled with a display name
+    held_out = json.loads(charts[0].proto.spec)
+    line = held_out["layer"][-1]["encoding"]
+    assert line["y"]["title"] == "held-out avg@4 (%)"
+    assert line["x"]["title"] == "gradient updates"
+    assert held_out["title"]["text"] == "aime2024: held-out avg@4"
+    # grpo's last evaluation: seeds 0.30, 0.34 -> 32.0 %, as the ablation table's "32.0"
+    shown = chart_rows(charts[0])
+    grpo_last = shown[(shown["arm"] == "grpo") & (shown["step"] == fx.STEPS - 1)]
+    assert grpo_last["mean"].tolist() == pytest.approx([32.0])
     at.selectbox(key="curve-x").set_value("tokens")
     at.slider(key="curve-smoothing").set_value(0.5)
     at.multiselect(key="curve-metrics").set_value(["acc/mean"]).run()
     assert not at.exception
     _, chart = at.get("vega_lite_chart")
-    spec = chart.proto.spec
-    assert "acc/mean" in spec and "tokens" in spec
+    spec = json.loads(chart.proto.spec)
+    assert spec["layer"][-1]["encoding"]["y"]["title"] == "training accuracy (%)"
+    assert spec["title"]["subtitle"] == "acc/mean"  # the key, for looking it up
+    assert spec["layer"][-1]["encoding"]["x"]["title"] == "tokens"
+    # accuracy in percent: step 0 of grpo, 0.1 + 0.01·seed over seeds 0, 1 -> 10.5 %
+    acc = chart_rows(chart)
+    assert acc.loc[(acc["arm"] == "grpo") & (acc["step"] == 0), "mean"].tolist() == (
+        pytest.approx([10.5])
+    )
     shown = texts(at)
     assert "2 seed(s) per arm" in shown and "95% t-interval over seeds" in shown
     assert "step 0 = the starting model" in shown

@@ -86,8 +86,9 @@ def test_smoothing_default_raw_line_log_scale_and_chart_data() -> None:
     data = curves.chart_data(smooth, "gradient updates", raw)
     assert list(data.columns) == [
         "arm", "metric", "step", "gradient updates", "mean", "low (95%)", "high (95%)",
-        "seed min", "seed max", "seeds", "mean (raw)",
+        "seed min", "seed max", "seeds", "mean (raw)", "unit",
     ]  # fmt: skip
+    assert set(data["unit"]) == {"%"}  # acc/mean is a share: the numbers are as shown
     assert data["mean (raw)"].tolist() == pytest.approx([2.0, 4.0, 6.0])
     # two seeds at step 1: smoothed (2, 4) -> mean 3 ± 12.7062 · 1 = [-9.71, 15.71]
     assert data.loc[1, "low (95%)"] == pytest.approx(3.0 - 12.7062, abs=1e-3)
@@ -283,13 +284,17 @@ def test_curves_smoothed_by_default_with_log_y_wall_clock_and_csv(
     # reward/mean = 2·acc − 1 is negative early on: that chart stays linear, and says so
     reward = json.loads(charts[2].proto.spec)
     assert reward["layer"][-1]["encoding"]["y"]["scale"]["type"] == "linear"
-    assert "Linear y (values ≤ 0, which a log scale cannot show): reward/mean." in texts(at)
+    assert (
+        "Linear y (values ≤ 0, which a log scale cannot show): "
+        "mean reward (score + overlong penalty)." in texts(at)
+    )
 
     # the CSV is what is plotted: x in wall-clock minutes (30 s per step: step 4 at 2.5 min)
     data = pd.read_csv(io.BytesIO(downloads[f"curves-sweep{fixture_store.sweep_id}.csv"]))
     assert set(data["metric"]) == {mn.ACC_MEAN, mn.REWARD_MEAN}
     last = data[(data["arm"] == "grpo") & (data["metric"] == mn.ACC_MEAN) & (data["step"] == 4)]
     assert last["wall-clock (min)"].tolist() == pytest.approx([2.5])
-    # raw acc at step 4, grpo: 0.1 + 0.4 + 0.01·seed over seeds 0, 1 -> 0.505
-    assert last["mean (raw)"].tolist() == pytest.approx([0.505])
-    assert last["mean"].iloc[0] < 0.505  # the EMA lags a rising curve
+    # raw acc at step 4, grpo: 0.1 + 0.4 + 0.01·seed over seeds 0, 1 -> 0.505, in % as shown
+    assert last["mean (raw)"].tolist() == pytest.approx([50.5])
+    assert last["unit"].tolist() == ["%"]
+    assert last["mean"].iloc[0] < 50.5  # the EMA lags a rising curve

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dapo_common import metric_names
-from dashboard import curves, widgets
-from db import ablation, reads, table_format
+from dapo_common import metric_display, metric_names
+from dashboard import curves, grids, widgets
+from db import ablation, reads
 
 CURVE_POINTS = 1000  # steps read per (run, metric) unless the full series is asked for
 
@@ -25,6 +25,8 @@ latest = runs.sort_values("attempt").groupby(["arm", "seed"], as_index=False).la
 table = ablation.ablation_table(engine, sweep_id)
 ladder = list(table["arm"])
 arms_present = [a for a in ladder if a in set(latest["arm"])]
+# A grid's arms by what varies ("clip_high=0.24"), not by names that share a long prefix.
+arm_label = grids.arm_labels(reads.sweep_details(engine, sweep_id)["ladder"])
 
 # The paper's x-axis is gradient updates: the default here too. Wall-clock minutes are summed
 # from the steps' own times (dashboard.curves.with_wall_clock).
@@ -62,10 +64,17 @@ band_text = (
     if bounds == ("low", "high")
     else "the range the seeds span"
 )
-arms = st.multiselect("Arms", arms_present, default=arms_present, key="curve-arms")
+arms = st.multiselect(
+    "Arms",
+    arms_present,
+    default=arms_present,
+    key="curve-arms",
+    format_func=lambda a: arm_label.get(a, a),
+)
 if not arms:
     st.info("Pick at least one arm.")
     st.stop()
+shown_arms = [arm_label.get(a, a) for a in arms]
 x_metric: str | None = x_axes[x_label]
 counters = reads.metric_curves(
     engine,
@@ -84,10 +93,12 @@ dataset, k = table["eval_dataset"].dropna(), table["eval_k"].dropna()
 if dataset.empty or k.empty:
     st.info("No evaluation yet: the held-out score appears once runs have evaluated.")
 else:
-    metric = table_format.metric_label(table)
+    eval_k, eval_set = int(k.iloc[0]), str(dataset.iloc[0])
+    metric = metric_display.held_out(eval_k)  # "held-out avg@4 (%)", as the table's unit
     behind = [int(r) for arm, ids in zip(table["arm"], table["run_ids"], strict=True)
               if arm in arms for r in ids]  # fmt: skip
-    evals = reads.evaluation_curves(engine, behind, str(dataset.iloc[0]), int(k.iloc[0]))
+    evals = reads.evaluation_curves(engine, behind, eval_set, eval_k)
+    evals = curves.to_display_units(grids.relabel(evals, arm_label))
     band = curves.eval_band(evals, counters, x_metric)
     if band.empty:
         st.info(f"No {metric} evaluations of these arms yet.")
@@ -95,19 +106,20 @@ else:
         chart = curves.band_chart(
             band,
             reads.EVAL_CURVE,
-            arms,
+            shown_arms,
             x_label,
             height=320,
-            title=metric,
+            title=f"{eval_set}: held-out avg@{eval_k}",
+            y_title=metric,
             points=True,
             bounds=bounds,
             log_y=log_y and curves.log_ready(band),
         )
         st.altair_chart(chart, width="stretch")
         st.caption(
-            f"{metric} against {x_label}: line = mean over seeds, band = {band_text}, step 0 = "
-            "the starting model; the attempts behind the ablation table. A band wider than the "
-            "seeds' range is clipped at the chart's edge."
+            f"{metric} on {eval_set} against {x_label}: line = mean over seeds, band = "
+            f"{band_text}, step 0 = the starting model; the attempts behind the ablation table. "
+            "A band wider than the seeds' range is clipped at the chart's edge."
         )
         st.download_button(
             "Download the held-out curve (CSV)",
@@ -126,7 +138,11 @@ if not available:
     st.stop()
 headline = [m for m in metric_names.HEADLINE if m in available]
 chosen = st.multiselect(
-    "Metrics", available, default=headline[:4] or available[:4], key="curve-metrics"
+    "Metrics",
+    available,
+    default=headline[:4] or available[:4],
+    key="curve-metrics",
+    format_func=lambda m: f"{metric_display.display(m).name} · {m}",
 )
 if not chosen:
     st.info("Pick at least one metric.")
@@ -151,13 +167,15 @@ long = reads.metric_curves(
 )
 if x_metric == curves.WALL_CLOCK:
     long = curves.with_wall_clock(long, counters)
+# Shares in percent, as the tables show them (the x-axis counters are unscaled counts).
+long = curves.to_display_units(grids.relabel(long, arm_label))
 # The smoothed band, and the unsmoothed one: its mean is drawn faintly behind the smoothed
 # line (and beside it in the CSV). Each chart then gets one table of its metric's rows.
 band, raw = curves.curve_bands(long, chosen, x_metric, weight)
 smoothing = f"smoothed (EMA {weight:g}; faint line: unsmoothed)" if weight > 0 else "unsmoothed"
 st.caption(
     f"{selected['seed'].nunique()} seed(s) per arm: line = mean over seeds, {smoothing}, band = "
-    f"{band_text}. Latest attempt of each (arm, seed)."
+    f"{band_text}. Latest attempt of each (arm, seed). Shares in percent (docs/units.md)."
 )
 grid = st.columns(2)
 linear = []
@@ -168,8 +186,8 @@ for i, metric in enumerate(chosen):
         continue
     log = log_y and curves.log_ready(mine)
     if log_y and not log:
-        linear.append(metric)
-    chart = curves.band_chart(band, metric, arms, x_label, bounds=bounds, raw=raw, log_y=log)
+        linear.append(metric_display.display(metric).name)
+    chart = curves.band_chart(band, metric, shown_arms, x_label, bounds=bounds, raw=raw, log_y=log)
     grid[i % 2].altair_chart(chart, width="stretch")
 if linear:
     st.caption(f"Linear y (values ≤ 0, which a log scale cannot show): {', '.join(linear)}.")
@@ -181,5 +199,6 @@ st.download_button(
     icon=":material/download:",
     key="curve-csv",
     help="Per arm, metric and step: the x value, the mean over seeds as drawn (smoothed), "
-    "its 95% interval, the seeds' range and count, and the unsmoothed mean.",
+    "its 95% interval, the seeds' range and count, the unsmoothed mean, and their unit "
+    "(shares in %).",
 )
