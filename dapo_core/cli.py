@@ -243,7 +243,11 @@ def _removed_if_left_empty(out: Path) -> Iterator[None]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from dapo_core.train.checkpoint import load_checkpoint_config, resolve_checkpoint
+    from dapo_core.train.checkpoint import (
+        check_checkpoint,
+        load_checkpoint_config,
+        resolve_checkpoint,
+    )
 
     ckpt = resolve_checkpoint(args.ckpt)
     overrides = field_overrides(args)
@@ -252,7 +256,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if getattr(args, "engine", None):
         overrides["rollout.engine"] = args.engine
     cfg = ExperimentConfig.from_dict(load_checkpoint_config(ckpt)).with_overrides(overrides)
-    from dapo_core.real_model import check_checkpoint, needs_chat_template
+    from dapo_core.real_model import needs_chat_template
 
     # The same model check as `dapo train` and `dapo sweep`, on what this command loads (the
     # checkpoint's export): one line, before a 500 MB model is read.

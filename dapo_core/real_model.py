@@ -325,7 +325,8 @@ def tokenizer_size(path: Path) -> int | None:
 
 def check_model(name_or_path: str, *, chat: bool) -> None:
     """The one model check every command makes before it writes anything (`dapo train`;
-    `dapo sweep` and `dapo arm` through flows/checks.py; `dapo eval` through check_checkpoint):
+    `dapo sweep` and `dapo arm` through flows/checks.py; `dapo eval` through
+    dapo_core.train.checkpoint.check_checkpoint):
     the pinned model is converted and whole; a GGUF file is refused, saying how to convert it
     (or that it is missing or corrupt); a local directory is usable (check_model_dir). Hub
     names are left to the loader: whether they download depends on the machine that trains."""
@@ -349,19 +350,6 @@ def needs_chat_template(prompt_template: str) -> bool:
     """Whether prompts of `data.prompt_template` cannot be written without a chat template
     (`chat` falls back to the DAPO template; `chat-answer` has no fallback)."""
     return prompt_template == "chat-answer"
-
-
-def check_checkpoint(ckpt: Path, name_or_path: str, *, chat: bool) -> None:
-    """What `dapo eval` checks before it loads anything: the checkpoint's Hugging Face export
-    (model/, what the engines read) is a usable model directory; a sharded checkpoint without
-    one is exported from the run's model, so that model is checked instead."""
-    from dapo_core.train.run_dir import MODEL_DIR, has_export
-
-    ckpt = Path(ckpt)
-    if has_export(ckpt):
-        check_model_dir(ckpt / MODEL_DIR, chat=chat)
-    else:
-        check_model(name_or_path, chat=chat)
 
 
 def resolve(name_or_path: str) -> str:

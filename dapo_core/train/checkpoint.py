@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from dapo_core.setup.config import ModelConfig
 
 __all__ = [
+    "check_checkpoint",
     "checkpoint_step",
     "ensure_export",
     "is_sharded",
@@ -255,6 +256,20 @@ def _is_param(model: nn.Module, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def check_checkpoint(ckpt: Path, name_or_path: str, *, chat: bool) -> None:
+    """What `dapo eval` checks before it loads anything: the checkpoint's Hugging Face export
+    (model/, what the engines read) is a usable model directory; a sharded checkpoint without
+    one is exported from the run's model, so that model is checked instead. One line
+    (real_model.ModelSetupError) for a model that is not usable."""
+    from dapo_core.real_model import check_model, check_model_dir
+
+    ckpt = Path(ckpt)
+    if has_export(ckpt):
+        check_model_dir(ckpt / MODEL_DIR, chat=chat)
+    else:
+        check_model(name_or_path, chat=chat)
 
 
 # --- sharded checkpoints (N workers) ----------------------------------------------------------

@@ -3,7 +3,7 @@
 `dapo train` refused these already (test_conversion.py); `dapo sweep` only checked that a local
 model path held a config.json, so a broken model failed inside the Ray actor, after the sweep row
 existed. Every command now calls the one check, dapo_core.real_model.check_model (flows/checks.py
-for `dapo sweep` and `dapo arm`, real_model.check_checkpoint for `dapo eval`).
+for `dapo sweep` and `dapo arm`, train.checkpoint.check_checkpoint for `dapo eval`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dapo_core import real_model
+from dapo_core.train.checkpoint import check_checkpoint
 
 from .test_conversion import _gguf, _model_copy, _one_line
 
@@ -182,6 +183,6 @@ def test_check_checkpoint_accepts_the_real_export(real_dir: Path, tmp_path: Path
     step = tmp_path / "step_1"
     step.mkdir()
     _model_copy(real_dir, step / "model")
-    real_model.check_checkpoint(step, real_model.NAME, chat=True)
+    check_checkpoint(step, real_model.NAME, chat=True)
     (step / "model" / "chat_template.jinja").unlink()
-    real_model.check_checkpoint(step, real_model.NAME, chat=False)  # `dapo` or `raw` prompts
+    check_checkpoint(step, real_model.NAME, chat=False)  # `dapo` or `raw` prompts
