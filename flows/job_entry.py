@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -74,50 +73,14 @@ def train(run_id: int) -> dict[str, Any]:
             on_progress=on_progress,
             on_placed=on_placed,
         )
-    return train_here(run_id, config, store_url, out_dir, owner, resources, on_progress)
-
-
-def train_here(
-    run_id: int,
-    config: dict[str, Any],
-    store_url: str,
-    out_dir: str,
-    owner: dict[str, Any],
-    resources: Any,
-    on_progress: Any,
-) -> dict[str, Any]:
-    """One worker in this process: what ray_worker.ArmTrainer.train does in an actor."""
+    # One worker trains here, with the CPUs the job's entrypoint was given.
     import torch
-
-    from dapo_core.setup.config import ExperimentConfig
-    from dapo_core.train.runner import train
-    from flows import ray_jobs, ray_worker
 
     torch.set_num_threads(max(1, int(resources.cpus)))
     host = f"{socket.gethostname()} (Ray job)"
     say(ray_jobs.PLACED, {"host": host})
-    sink = ray_worker.open_sink(store_url, run_id, out_dir, config, owner)
-
-    def report(update: dict[str, Any]) -> None:
-        on_progress({**update, "store_wait_s": ray_worker.store_wait_s(sink)})
-
-    try:
-        result = train(
-            ExperimentConfig.from_dict(config),
-            sink=sink,
-            out_dir=Path(out_dir),
-            resume=True,
-            progress=report,
-            owner=owner,
-        )
-    finally:
-        sink.close()
-    # The same result as an actor's (ray_worker's one definition of it).
-    return {
-        **ray_worker._result_dict(result),
-        "store_wait_s": ray_worker.store_wait_s(sink),
-        "host": host,
-    }
+    job = ray_worker.TrainJob(config, store_url, run_id, out_dir, owner)
+    return {**ray_worker.train_one_worker(job, on_progress), "host": host}
 
 
 if __name__ == "__main__":

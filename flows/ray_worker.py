@@ -348,27 +348,15 @@ class ArmTrainer:
         out_dir: str,
         owner: dict[str, Any],
     ) -> dict[str, Any]:
-        from dapo_core.setup.config import ExperimentConfig
-        from dapo_core.train.runner import train
-
-        cfg = ExperimentConfig.from_dict(config)
         self._progress, self._run_id = None, run_id
-        # The sink spills what a store outage holds back into the run directory.
-        sink = self._open_sink(store_url, run_id, out_dir, config, owner)
         try:
-            result = train(
-                cfg,
-                sink=sink,
-                out_dir=Path(out_dir),
-                resume=True,
-                progress=self._on_progress,
-                owner=owner,
+            result = train_one_worker(
+                TrainJob(config, store_url, run_id, out_dir, owner), self._set_progress
             )
         finally:
-            sink.close()
             self._run_id = None
         # Where it ran at the end: a restarted actor (max_restarts) may be on another node.
-        return {**self._result(result), "host": cluster.describe([cluster.here()])}
+        return {**result, "host": cluster.describe([cluster.here()])}
 
     def train_rank(
         self,
@@ -431,6 +419,9 @@ class ArmTrainer:
     def progress(self) -> dict[str, Any] | None:
         return self._progress
 
+    def _set_progress(self, update: dict[str, Any]) -> None:
+        self._progress = update
+
     def _on_progress(self, update: dict[str, Any]) -> None:
         # With the store's outage waits so far: the driver leaves them out of the wall time
         # even when this actor dies before it can return them.
@@ -447,6 +438,40 @@ class ArmTrainer:
         (store_wait_s: 0 on ranks without a sink)."""
         waited, self._sink = store_wait_s(self._sink), None
         return {**_result_dict(result), "store_wait_s": waited}
+
+
+def train_one_worker(
+    job: TrainJob, on_progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """One worker trains store run `job.run_id` in this process: a pooled Ray actor's
+    (ArmTrainer.train) or a Ray job's entrypoint (flows/job_entry.py). The store's sink (with
+    the trackers the config names) spills what a store outage holds back into the run
+    directory; the run resumes from its latest checkpoint there, claimed for `job.owner`.
+    Progress updates and the result carry the seconds the sink waited on a store that was down
+    (store_wait_s), which the driver leaves out of the try's wall time. The caller adds where it
+    ran ("host")."""
+    from dapo_core.setup.config import ExperimentConfig
+    from dapo_core.train.runner import train
+
+    cfg = ExperimentConfig.from_dict(job.config)  # a bad config fails before the sink opens
+    sink = open_sink(job.store_url, job.run_id, job.out_dir, job.config, job.owner)
+
+    def report(update: dict[str, Any]) -> None:
+        if on_progress is not None:
+            on_progress({**update, "store_wait_s": store_wait_s(sink)})
+
+    try:
+        result = train(
+            cfg,
+            sink=sink,
+            out_dir=Path(job.out_dir),
+            resume=True,
+            progress=report,
+            owner=job.owner,
+        )
+    finally:
+        sink.close()
+    return {**_result_dict(result), "store_wait_s": store_wait_s(sink)}
 
 
 def store_wait_s(sink: Any) -> float:
