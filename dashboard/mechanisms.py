@@ -2,7 +2,7 @@
 
 The cells are db.mechanisms' text (the same strings `render` prints for scripts and the README);
 the dashboard adds the highlight: each arm's focus metrics (what its change is about, from its
-config diff to its parent) get a coloured cell, and a Δ whose 95% interval excludes 0 is bold.
+config diff to its parent) get a coloured cell, and a Δ the exact paired test calls real is bold.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pandas.io.formats.style import Styler
 from db import mechanisms, stats
 
 FOCUS_CSS = "background-color: #fff4ce"  # a metric the arm's change is about
-SIGNIFICANT_CSS = "font-weight: 700"  # a Δ to the parent whose interval excludes 0
+SIGNIFICANT_CSS = "font-weight: 700"  # a Δ to the parent the exact paired test calls real
 # What a cell of the wide table shows: display label -> mechanism_table column.
 CELLS = {
     "last window": "last",
@@ -42,7 +42,7 @@ def signature(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def signature_css(table: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
-    """Bold Δ cells of `signature(table)` whose interval excludes 0."""
+    """Bold Δ cells of `signature(table)` the exact paired test calls real."""
     css = pd.DataFrame("", index=shown.index, columns=shown.columns)
     focus = table[table["focus"]].reset_index(drop=True)
     labels = mechanisms.delta_labels(mechanisms.window_of(table))
@@ -51,7 +51,7 @@ def signature_css(table: pd.DataFrame, shown: pd.DataFrame) -> pd.DataFrame:
         (str(r["arm"]), mechanisms.metric_label(str(r["metric"])), labels[delta])
         for r in focus.to_dict("records")
         for delta in mechanisms.DELTAS
-        if r[delta].excludes_zero
+        if r[delta].significant
     }
     for i, record in shown.iterrows():
         label = str(record["metric"]).removeprefix(f"{mechanisms.FOCUS_MARK} ")
@@ -89,7 +89,7 @@ def wide_css(table: pd.DataFrame, cell: str) -> pd.DataFrame:
         parts = []
         if record["focus"]:
             parts.append(FOCUS_CSS)
-        if cell in mechanisms.DELTAS and record[cell].excludes_zero:
+        if cell in mechanisms.DELTAS and record[cell].significant:
             parts.append(SIGNIFICANT_CSS)
         css.loc[i, column] = "; ".join(parts)
     return css

@@ -1,8 +1,8 @@
 """Data shaping for the ablation table: plain pandas in, display frames and a Styler out.
 
 The cells come from db.table_format.ablation_records, the one function behind `dapo table`, the
-Prefect artifact and this dashboard: the dashboard only adds colour (a Δ whose 95% interval
-excludes 0 is green or red) and status glyphs. Scores are percent, Δs percentage points (pp).
+Prefect artifact and this dashboard: the dashboard only adds colour (a Δ the exact paired
+sign-flip test calls real is green or red) and status glyphs. Scores are percent, Δs percentage points (pp).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pandas.io.formats.style import Styler
 
 from db import stats, table_format
 
-# Colours of a Δ cell whose interval excludes 0: green when the arm helped, red when it hurt
-# (pandas Styler CSS). A Δ whose interval holds 0, or that has none (n=1), stays plain.
+# Colours of a Δ cell the exact paired test calls real: green when the arm helped, red when it
+# hurt (pandas Styler CSS). Any other Δ (p >= 0.05, fewer than 6 seeds, n=1) stays plain.
 UP_CSS = "color: #137333; background-color: #e6f4ea; font-weight: 600"
 DOWN_CSS = "color: #a50e0e; background-color: #fce8e6; font-weight: 600"
 
@@ -80,7 +80,7 @@ def number_columns(display: pd.DataFrame) -> list[str]:
 def estimate_css(estimate: Any) -> str:
     """Styler CSS for one difference: green when its interval is above 0, red when below,
     nothing when it holds 0 or there is no interval."""
-    if not isinstance(estimate, stats.Estimate) or not estimate.excludes_zero:
+    if not isinstance(estimate, stats.Estimate) or not estimate.significant:
         return ""
     return UP_CSS if estimate.low > 0 else DOWN_CSS
 

@@ -172,7 +172,7 @@ def render(check: AACheck) -> str:
     )
     verdict = (
         "starred: a false positive, which chance gives one split in twenty"
-        if d.excludes_zero
+        if d.significant
         else "not starred, as chance alone should be nineteen times in twenty"
     )
     lines = [

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from db import stats
+from db import decisions, stats
 from db.errors import NotFound
 from db.models import EVALUATIONS, RUNS, SWEEPS, fold_status
 from db.reads import (
@@ -91,6 +91,10 @@ ABLATION_COLUMNS = [
     # evaluations, step 0 included (the area under the curve over its length); over seeds
     "area",
     "area_delta_parent",  # the same minus the parent's, paired by seed
+    # robustness (db.decisions): the interquartile mean of the finals from 5 seeds on (NaN
+    # below), and the runs that ended at or below their start (a decisions.Share)
+    "iqm",
+    "collapsed",
 ]
 
 _sweeps, _runs, _evaluations = SWEEPS, RUNS, EVALUATIONS
@@ -571,6 +575,10 @@ def _ablation_rows(
                 "eval_dataset": dataset,
                 "eval_k": k,
                 "area": stats.t_interval(list(area.values()), keys=list(area)),
+                "iqm": decisions.iqm(finals),
+                "collapsed": decisions.collapsed(
+                    [s.final for s in started.values()], [s.start for s in started.values()]
+                ),
             }
         )
     base = order[0] if order else None
@@ -644,10 +652,10 @@ def ablation_table(
 class HolmStars:
     """The table's Δ-parent stars with and without Holm's correction over all of them.
 
-    p: arm -> two-sided p of its paired Δ parent (arms whose Δ has an interval: the tests);
-    adjusted: arm -> its Holm-adjusted p; starred: the arms whose 95% interval excludes 0 (the
-    table's star); holm: the arms Holm rejects at the same family-wise 5%; lost: starred but
-    not by Holm (Holm only ever removes stars).
+    p: arm -> the exact paired sign-flip p of its Δ parent (arms whose Δ is a test: at least
+    one shared seed); adjusted: arm -> its Holm-adjusted p; starred: the arms the exact test
+    alone calls significant (the table's star); holm: the arms Holm rejects at the same
+    family-wise 5%; lost: starred but not by Holm (Holm only ever removes stars).
     """
 
     p: dict[str, float]
@@ -662,19 +670,20 @@ class HolmStars:
 
 
 def holm_stars(table: pd.DataFrame) -> HolmStars:
-    """Holm over the table's Δ-parent intervals. A ladder of six arms draws five Δs; at 5% each,
+    """Holm over the table's Δ-parent tests. A ladder of six arms draws five Δs; at 5% each,
     the chance that some star is noise is up to 1 − 0.95⁵ ≈ 23% when no arm does anything, and
     Holm brings the family back to 5% (uniformly more powerful than Bonferroni, and it assumes
-    nothing about how the Δs depend on each other: neighbouring Δs share an arm)."""
+    nothing about how the Δs depend on each other: neighbouring Δs share an arm). Only Δs over
+    two or more seeds are tests here (one seed always gives p = 1)."""
     estimates = {str(r["arm"]): r["delta_parent"] for r in table.to_dict("records")}
     p = {
-        arm: stats.p_value(e)
+        arm: e.p
         for arm, e in estimates.items()
-        if isinstance(e, stats.Estimate) and e.has_interval
+        if isinstance(e, stats.Estimate) and e.tested and e.n >= 2
     }
     adjusted = stats.holm_adjusted(p)
     alpha = 1.0 - stats.LEVEL
-    starred = tuple(arm for arm in p if estimates[arm].excludes_zero)
+    starred = tuple(arm for arm in p if estimates[arm].significant)
     kept = tuple(arm for arm in p if adjusted[arm] < alpha)
     return HolmStars(p=p, adjusted=adjusted, starred=starred, holm=kept, alpha=alpha)
 
@@ -683,7 +692,7 @@ def holm_note(result: HolmStars) -> str:
     """One line under the table: how many Δs it starred, how many Holm keeps, and which lose
     their star (each with its p and Holm-adjusted p)."""
     head = (
-        f"Holm over the {len(result.p)} Δ parent interval(s) (family-wise "
+        f"Holm over the {len(result.p)} Δ parent test(s) (family-wise "
         f"{100 * result.alpha:.0f}%): {len(result.starred)} starred, {len(result.holm)} after Holm"
     )
     if not result.lost:
@@ -701,7 +710,7 @@ def holm_note(result: HolmStars) -> str:
 def efficiency_records(table: pd.DataFrame) -> list[dict[str, str]]:
     """`dapo table --efficiency`: per arm, its area (the mean held-out avg@k over the curve's
     evaluations, step 0 included) in % with its 95% interval over seeds, and the paired Δ to
-    the parent in percentage points (* when its interval excludes 0); the final score beside
+    the parent in percentage points (* when the exact paired test calls it real); the final score beside
     it, so that "as good, sooner" reads at a glance."""
     from db.table_format import MISSING, estimate_text
 
@@ -724,11 +733,11 @@ def efficiency_records(table: pd.DataFrame) -> list[dict[str, str]]:
 
 
 def efficiency_caption(table: pd.DataFrame) -> str:
-    from db.table_format import SIGNIFICANT, metric_label
+    from db.table_format import SIGNIFICANT_RULE, metric_label
 
     return (
         f"Sample efficiency: per seed, the mean held-out {metric_label(table)} over the run's "
         "evaluations, step 0 included (the area under the curve over its length), in %; mean "
         "over seeds [95% t-interval over seeds]; Δ parent (area): paired by seed, in "
-        f"percentage points, {SIGNIFICANT} = the interval excludes 0; n=1: no interval"
+        f"percentage points, {SIGNIFICANT_RULE}; n=1: no interval"
     )

@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
         description="Print the ablation table of a sweep: per arm, in ladder order, the "
         "starting model's score, the final eval score (mean over seeds with a 95% t-interval) "
         "and the gain over the start, Δ to the parent arm and to the baseline paired by seed "
-        "(* when the interval excludes 0; one seed: no interval), each seed's score, the "
+        "(* when the exact paired sign-flip test gives p < 0.05; one seed: no interval), each seed's score, the "
         "paper's number, steps, updates, tokens, time and status; then which arm leads, if "
         "one does significantly. The CSV format carries every interval.",
     )
@@ -124,6 +124,28 @@ def register(subparsers: Any) -> None:
         help="say under the table how many Δ parent intervals it starred and which stars Holm's "
         "correction over all of them (family-wise 5%%) takes away; CSV: each Δ parent's p and "
         "Holm-adjusted p",
+    )
+    table.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="a comparison that matters beyond each arm's parent and the baseline (repeatable): "
+        "its paired Δ, exact p, MDE and seeds needed join the comparisons under the table",
+    )
+    table.add_argument(
+        "--effect",
+        type=float,
+        default=None,
+        metavar="PP",
+        help="an effect in percentage points to plan for (3 = 3 pp): the comparisons say how "
+        "many paired seeds would detect it with 80%% power at 5%%",
+    )
+    table.add_argument(
+        "--iqm",
+        action="store_true",
+        help="an IQM column beside the final score: the interquartile mean over seeds (from 5 "
+        "seeds on; shown by default when an arm has them)",
     )
     table.add_argument(
         "--wide",
@@ -257,6 +279,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
     if args.threshold is not None and not 0.0 <= args.threshold <= 100.0:
         raise ValueError(f"--threshold {args.threshold:g}: a score in percent, 0 to 100")
+    if args.effect is not None and not 0.0 < abs(args.effect) <= 100.0:
+        raise ValueError(f"--effect {args.effect:g}: an effect in percentage points, 0 to 100")
     engine, url = read_only_store(args.store)
     with _explained(url):
         sweep_id = sweep_or_latest(engine, url, args.sweep)
@@ -281,7 +305,20 @@ def cmd_table(args: argparse.Namespace) -> int:
 
             asked = None if args.threshold is None else args.threshold / 100.0
             reached = efficiency.reach(engine, sweep_id, table, asked)
-    out = table_format.render(table, args.format, sweep, wide=args.wide)
+    from db import decisions
+    from db.protocol import protocol_line
+
+    planned = decisions.parse_pairs(args.compare, [str(a) for a in table["arm"]])
+    out = table_format.render(
+        table,
+        args.format,
+        sweep,
+        wide=args.wide,
+        planned=planned,
+        effect=None if args.effect is None else args.effect / 100.0,
+        iqm=True if args.iqm else None,
+        protocol=protocol_line(engine, sweep_id, table),
+    )
     # Holm's note speaks of the table's stars: right under it, before the efficiency table.
     if args.holm:
         out = _with_holm(out, args.format, ablation.holm_stars(table), wide=args.wide)
@@ -347,15 +384,15 @@ def _with_efficiency(out: str, fmt: str, table: Any, reached: Any, *, wide: bool
             row[f"{name}_pct"] = pct(estimate.mean)
             row[f"{name}_low_pct"], row[f"{name}_high_pct"] = pct(estimate.low), pct(estimate.high)
             row[f"{name}_n"] = estimate.n
-        row["area_delta_parent_significant"] = int(mine["area_delta_parent"].excludes_zero)
+        row["area_delta_parent_significant"] = int(mine["area_delta_parent"].significant)
         row.update({k: str(v) for k, v in to_threshold.get(row["arm"], {}).items()})
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def _with_holm(out: str, fmt: str, result: Any, *, wide: bool) -> str:
-    """The rendered table with Holm's note under it (text, Markdown) or, in CSV, three more
-    columns per arm: its Δ parent's p, Holm-adjusted p, and whether Holm keeps its star."""
+    """The rendered table with Holm's note under it (text, Markdown) or, in CSV, two more
+    columns per arm: its Δ parent's Holm-adjusted p, and whether Holm keeps its star."""
     from db import ablation
 
     note = ablation.holm_note(result)
@@ -371,13 +408,13 @@ def _with_holm(out: str, fmt: str, result: Any, *, wide: bool) -> str:
     if not rows:
         return out
     buffer = io.StringIO()
-    extra = ["delta_parent_p", "delta_parent_holm_p", "delta_parent_holm_significant"]
+    # delta_parent_p (the exact test's) is a column of every CSV already
+    extra = ["delta_parent_holm_p", "delta_parent_holm_significant"]
     writer = csv.DictWriter(buffer, fieldnames=[*rows[0], *extra], lineterminator="\n")
     writer.writeheader()
     for row in rows:
         arm = row["arm"]
         tested = arm in result.p
-        row["delta_parent_p"] = round(result.p[arm], 9) if tested else ""
         row["delta_parent_holm_p"] = round(result.adjusted[arm], 9) if tested else ""
         row["delta_parent_holm_significant"] = int(arm in result.holm) if tested else ""
         writer.writerow(row)

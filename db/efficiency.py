@@ -26,7 +26,7 @@ from dapo_common import metric_names as M
 from db import stats
 from db.ablation import CurvePoint, sweep_curves
 from db.reads import metric_curves, runs_of_sweep, selected_attempts
-from db.table_format import MISSING, SIGNIFICANT, estimate_text, metric_label, pct
+from db.table_format import MISSING, SIGNIFICANT_RULE, estimate_text, metric_label, pct
 
 # What a seed spends on the way to the threshold: name -> the cumulative counter behind it.
 COUNTERS: dict[str, str] = {"updates": M.GRAD_UPDATES, "tokens": M.TOKENS_TOTAL}
@@ -241,7 +241,7 @@ def reach_caption(result: Reach) -> str:
         f"({result.rule}); nothing interpolated. A seed that never gets there is censored: "
         "`reached` counts k of n seeds, the mean [95% t-interval] is over the k (optimistic "
         "when some are censored); Δ parent: paired by seed over the seeds where both arms "
-        f"reached it (n), {SIGNIFICANT} = the interval excludes 0"
+        f"reached it (n), {SIGNIFICANT_RULE}"
     )
 
 
@@ -269,7 +269,7 @@ def csv_fields(result: Reach) -> dict[str, dict[str, Any]]:
                 row[f"{column}_low"], row[f"{column}_high"] = num(estimate.low), num(estimate.high)
                 row[f"{column}_n"] = estimate.n
             row[f"{name}_to_threshold_delta_parent_significant"] = int(
-                a.delta_parent[name].excludes_zero
+                a.delta_parent[name].significant
             )
         out[a.arm] = row
     return out

@@ -31,7 +31,7 @@ from db import stats
 from db.table_format import (
     FORMATS,
     MISSING,
-    SIGNIFICANT,
+    SIGNIFICANT_RULE,
     _aligned,
     _escape,
     _markdown,
@@ -201,7 +201,7 @@ def value_text(
     bare_single: bool = False,
 ) -> str:
     """table_format.estimate_text in the metric's own unit and precision: '13.5 [7.1, 19.9]',
-    ' *' on a difference whose interval excludes 0, '(n=1, no interval)' (bare with
+    ' *' on a difference the exact paired test calls real, '(n=1, no interval)' (bare with
     `bare_single`), '—'."""
     if estimate is None or estimate.n == 0 or _missing(estimate.mean):
         return MISSING
@@ -286,7 +286,7 @@ def caption(table: pd.DataFrame) -> str:
         f"per seed, the metric's mean over the first and the last {w} rollout steps of its "
         "run (the runs behind the scores); mean over seeds [95% t-interval over seeds]; "
         f"Δ parent: last-{w} mean − the parent arm's, paired by seed (Δ parent, first {w}: "
-        f"the same over the first {w}), {SIGNIFICANT} = the interval excludes 0; "
+        f"the same over the first {w}), {SIGNIFICANT_RULE}; "
         f"{FOCUS_MARK} = a metric the arm's change (its config diff to its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
         "logged"
     )
@@ -340,7 +340,7 @@ def _csv(table: pd.DataFrame) -> str:
             out[f"{name}_mean"], out[f"{name}_n"] = num(estimate.mean), estimate.n
             out[f"{name}_low"], out[f"{name}_high"] = num(estimate.low), num(estimate.high)
         for name in DELTAS:
-            out[f"{name}_significant"] = int(row[name].excludes_zero)
+            out[f"{name}_significant"] = int(row[name].significant)
         out["interval"] = f"{round(100 * stats.LEVEL)}% {stats.OVER_SEEDS}"
         writer.writerow(out)
     return buffer.getvalue()

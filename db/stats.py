@@ -1,7 +1,9 @@
-"""The statistics behind the ablation table: means over seeds, paired differences, the leader.
+"""The statistics behind the ablation table: means over seeds, paired differences with an exact
+test, the leader.
 
-Pure Python (no pandas, no scipy), so `dapo table`, the dashboard and the Prefect artifact all
-compute the same numbers from the same functions, and tests pin them by hand.
+`dapo table`, the dashboard and the Prefect artifact all compute the same numbers from the same
+functions, and tests pin them by hand. Distributions come from scipy (imported where first
+needed, so that `import db.stats` stays cheap for commands that never draw a table).
 
 The interval is a Student t-interval over seeds: each seed is one independent training run,
 scored once, and the interval is mean ± t(0.975, n − 1) · s / √n with s the sample standard
@@ -14,10 +16,20 @@ training seed, which is where most of the spread of an RL run comes from.
 
 Differences between two arms are *paired*: the same seed of both arms (same data order, same
 eval problems, same eval sampling seed), so the seed's own luck cancels and the interval is that
-of the per-seed differences. One seed (n = 1) has no interval: `Estimate.has_interval` is False
-and the table says "n=1, no interval". For that case `paired_problems` gives an interval over the
-eval problems of one seed; it covers the sampling of problems (and of the k answers) only, not
-a rerun with another seed, and is labelled so wherever it appears.
+of the per-seed differences. Whether a difference is real is decided by an exact test, not by
+the interval: the paired sign-flip (permutation) test, which assumes only that under "no
+difference" each seed's difference is as likely to be +d as −d (Fisher 1935; Good 2005). Its p
+counts, over all 2^n ways to flip the signs of the n differences, those whose |sum| reaches the
+observed one (up to EXACT_UP_TO seeds; beyond, MONTE_CARLO_FLIPS random flips, seeded, so a
+table reads the same every time). With n seeds the smallest p it can give is 2 / 2^n: 0.25 at 3
+seeds, 0.0625 at 5, 0.031 at 6, so no paired comparison over fewer than 6 seeds can be called
+real at 5%, whatever the t-interval says (it leans on normal scores, which a handful of RL runs
+cannot show). `Estimate.significant` (the table's `*`) is that test at 1 − LEVEL.
+
+One seed (n = 1) has no interval: `Estimate.has_interval` is False and the table says "n=1, no
+interval". For that case `paired_problems` gives an interval over the eval problems of one seed;
+it covers the sampling of problems (and of the k answers) only, not a rerun with another seed,
+and is labelled so wherever it appears.
 """
 
 from __future__ import annotations
@@ -26,11 +38,22 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 LEVEL = 0.95
+ALPHA = 1.0 - LEVEL
 OVER_SEEDS = "t over seeds"
 OVER_PROBLEMS = "t over problems (one seed: problem sampling only)"
+# Every sign assignment is enumerated up to this many differences (2^16 = 65,536 sums of 16
+# terms, a few milliseconds); beyond, a fixed random sample of flips.
+EXACT_UP_TO = 16
+MONTE_CARLO_FLIPS = 100_000
+# Two sums of the same differences in another order can differ by rounding; a flipped sum
+# within this fraction of Σ|d| of the observed one counts as reaching it.
+_TIE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -38,7 +61,10 @@ class Estimate:
     """A mean with its two-sided interval at `level`; low and high are NaN without one.
 
     n: how many values (seeds, or problems) the mean is over; keys: which seeds were paired
-    (empty for a mean over problems or when not tracked).
+    (empty for a mean over problems or when not tracked); sd: the values' sample standard
+    deviation (NaN below two values). A paired difference also carries `p`, the two-sided p of
+    the exact sign-flip test of "no difference" (NaN for a plain mean: not a test), and whether
+    it came from every flip (`exact`) or from MONTE_CARLO_FLIPS of them.
     """
 
     n: int
@@ -48,6 +74,9 @@ class Estimate:
     level: float = LEVEL
     method: str = OVER_SEEDS
     keys: tuple[int, ...] = field(default=())
+    sd: float = math.nan
+    p: float = math.nan
+    exact: bool = True
 
     @property
     def has_interval(self) -> bool:
@@ -55,97 +84,104 @@ class Estimate:
 
     @property
     def excludes_zero(self) -> bool:
-        """True when the interval lies wholly above or below 0 (a 'significant' difference)."""
+        """True when the interval lies wholly above or below 0."""
         return self.has_interval and (self.low > 0.0 or self.high < 0.0)
+
+    @property
+    def tested(self) -> bool:
+        """Whether this is a difference with an exact test behind it."""
+        return not math.isnan(self.p)
+
+    @property
+    def significant(self) -> bool:
+        """The table's `*`: the exact sign-flip test rejects "no difference" at 1 − level. A
+        mean that is not a difference (no p) falls back on its interval excluding 0."""
+        if self.tested:
+            return self.p < 1.0 - self.level
+        return self.excludes_zero
 
 
 EMPTY = Estimate(n=0, mean=math.nan)
 
 
-# --- Student's t distribution -----------------------------------------------------------------
-
-
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz's method)."""
-    tiny, eps = 1e-300, 1e-15
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        step = d * c
-        h *= step
-        if abs(step - 1.0) < eps:
-            break
-    return h
-
-
-def _regularized_beta(a: float, b: float, x: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    front = math.exp(log_front)
-    # The continued fraction converges fast for x < (a + 1) / (a + b + 2); use the symmetry
-    # I_x(a, b) = 1 - I_{1-x}(b, a) on the other side.
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
+# --- Student's t --------------------------------------------------------------------------------
 
 
 def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom.
-
-    P(|T| > |t|) = I_{df / (df + t²)}(df / 2, 1 / 2).
-    """
+    """P(T <= t) for Student's t with `df` degrees of freedom (scipy's)."""
     if df <= 0:
         raise ValueError(f"degrees of freedom must be positive, got {df}")
-    tail = 0.5 * _regularized_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
+    from scipy.special import stdtr  # what scipy.stats.t.cdf evaluates, without its import
+
+    return float(stdtr(df, t))
 
 
 @lru_cache(maxsize=256)
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with `df` degrees of freedom (t_quantile(0.975, 2) = 4.303).
 
-    Bisection on t_cdf: 200 halvings of a bracket of width < 2^40 reach double precision.
-    """
+    scipy.special.stdtrit is what scipy.stats.t.ppf evaluates; called directly, a table costs
+    scipy.special's import (0.13 s here) instead of scipy.stats' (0.6 s)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if df <= 0:
         raise ValueError(f"degrees of freedom must be positive, got {df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    if p == 0.5:
-        return 0.0
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, 2.0 * high
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        if t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-        if high - low <= 1e-13 * high:
-            break
-    return 0.5 * (low + high)
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, p))
+
+
+# --- the exact paired test ----------------------------------------------------------------------
+
+
+@lru_cache(maxsize=EXACT_UP_TO + 1)
+def _flips(n: int) -> np.ndarray:
+    """Every assignment of signs to n values, `[2^n, n]` of ±1.0."""
+    import numpy as np
+
+    bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
+    return 1.0 - 2.0 * bits
+
+
+def smallest_p(n: int) -> float:
+    """The smallest two-sided p the sign-flip test can give over n differences: 2 / 2^n (every
+    difference of one sign; its mirror image is the other extreme). 1 when n is 0."""
+    return 1.0 if n <= 0 else min(1.0, 2.0 ** (1 - n))
+
+
+def sign_flip_p(values: Sequence[float]) -> tuple[float, bool]:
+    """(two-sided p, exact) of the paired sign-flip test of H0 "the differences are symmetric
+    about 0": the share of sign assignments whose |Σ ±d_i| reaches |Σ d_i|.
+
+    Every one of the 2^n assignments up to EXACT_UP_TO values (exact); beyond, scipy.stats'
+    permutation_test over MONTE_CARLO_FLIPS random flips with a fixed seed. NaN for no values.
+    Hand-countable: d = (1, 2, 3) has |Σ| = 6, reached only by (+,+,+) and (−,−,−): p = 2/8.
+    """
+    import numpy as np
+
+    d = np.asarray([float(v) for v in values], dtype=float)
+    n = len(d)
+    if n == 0:
+        return math.nan, True
+    if np.isnan(d).any():
+        raise ValueError("sign_flip_p needs numbers, got NaN")
+    observed = abs(float(d.sum()))
+    if n <= EXACT_UP_TO:
+        tie = _TIE * float(np.abs(d).sum())
+        null = np.abs(_flips(n) @ d)
+        return float(np.mean(null >= observed - tie)), True
+    from scipy.stats import permutation_test
+
+    result = permutation_test(
+        (d,),
+        lambda x, axis: np.sum(x, axis=axis),
+        permutation_type="samples",
+        n_resamples=MONTE_CARLO_FLIPS,
+        alternative="two-sided",
+        vectorized=True,
+        rng=np.random.default_rng(0),
+    )
+    return float(result.pvalue), False
 
 
 # --- intervals --------------------------------------------------------------------------------
@@ -181,14 +217,31 @@ def t_interval(
     if n < 2:
         return Estimate(n=n, mean=mean, level=level, method=method, keys=tuple(keys))
     half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
-    return Estimate(n, mean, mean - half, mean + half, level, method, tuple(keys))
+    return Estimate(n, mean, mean - half, mean + half, level, method, tuple(keys), sd=sd)
 
 
 def paired(a: Mapping[int, float], b: Mapping[int, float], *, level: float = LEVEL) -> Estimate:
     """a − b paired by seed: the t-interval of the differences a[s] − b[s] over the seeds both
-    have (a seed missing on either side is left out, never compared unpaired)."""
+    have (a seed missing on either side is left out, never compared unpaired), with the exact
+    sign-flip p of "no difference" (`Estimate.p`)."""
     common = sorted(set(a) & set(b))
-    return t_interval([a[s] - b[s] for s in common], level=level, keys=common)
+    diffs = [a[s] - b[s] for s in common]
+    estimate = t_interval(diffs, level=level, keys=common)
+    if not diffs:
+        return estimate
+    p, exact = sign_flip_p(diffs)
+    return Estimate(
+        estimate.n,
+        estimate.mean,
+        estimate.low,
+        estimate.high,
+        level,
+        estimate.method,
+        estimate.keys,
+        sd=estimate.sd,
+        p=p,
+        exact=exact,
+    )
 
 
 def paired_problems(
@@ -218,7 +271,8 @@ class Leader:
     """Which arm has the highest mean final score, and whether its lead is real.
 
     best and runner_up are the two highest means (runner_up None when only one arm is scored);
-    lead is best − runner_up paired by seed. `significant` only when that interval excludes 0.
+    lead is best − runner_up paired by seed. `significant` only when the exact paired test of
+    that lead rejects "no difference" (Estimate.significant).
     """
 
     best: str | None
@@ -228,7 +282,13 @@ class Leader:
 
     @property
     def significant(self) -> bool:
-        return self.best is not None and self.runner_up is not None and self.lead.low > 0.0
+        """The lead passes the exact paired test (best − runner-up is ≥ 0 by construction)."""
+        return (
+            self.best is not None
+            and self.runner_up is not None
+            and self.lead.significant
+            and self.lead.mean > 0.0
+        )
 
 
 def leader(scores: Mapping[str, Mapping[int, float]], *, level: float = LEVEL) -> Leader:
@@ -265,22 +325,6 @@ def leader_of_rows(rows: Iterable[Mapping[str, Any]]) -> Leader:
 # --- many Δs at once ----------------------------------------------------------------------------
 
 
-def p_value(estimate: Estimate) -> float:
-    """Two-sided p of the one-sample t-test behind a t-interval (H0: mean 0), NaN without an
-    interval. The interval's half-width is t((1 + level) / 2, n − 1) · s / √n, so the standard
-    error is read back from it and T = mean / se has n − 1 degrees of freedom; p < 1 − level
-    exactly when the interval excludes 0. Differences equal on every seed (s = 0): p is 0 unless
-    the mean is 0."""
-    if not estimate.has_interval or estimate.n < 2:
-        return math.nan
-    df = estimate.n - 1
-    se = (estimate.high - estimate.low) / (2.0 * t_quantile(0.5 + estimate.level / 2.0, df))
-    if se <= 0.0:
-        return 1.0 if estimate.mean == 0.0 else 0.0
-    t = abs(estimate.mean) / se
-    return min(1.0, 2.0 * (1.0 - t_cdf(t, df)))
-
-
 def holm_adjusted(p_values: Mapping[str, float]) -> dict[str, float]:
     """Holm's adjusted p-values (Holm 1979): sorted by p, the i-th smallest of m (i = 1..m)
     becomes max over j <= i of min(1, (m − j + 1) · p_(j)). Rejecting where the adjusted p is
@@ -302,6 +346,6 @@ def holm_adjusted(p_values: Mapping[str, float]) -> dict[str, float]:
 def holm(p_values: Mapping[str, float], *, alpha: float = 1.0 - LEVEL) -> dict[str, bool]:
     """Which hypotheses Holm's step-down correction rejects, keeping the chance of any false
     rejection among them at most `alpha`: those whose adjusted p (holm_adjusted) is below it.
-    Strict `<`, so that with m = 1 it rejects exactly when the 95% interval excludes 0 (the
-    table's unadjusted star)."""
+    Strict `<`, so that with m = 1 it rejects exactly when the exact test alone does (the
+    table's unadjusted star, Estimate.significant)."""
     return {name: p < alpha for name, p in holm_adjusted(p_values).items()}

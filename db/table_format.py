@@ -26,14 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from dapo_common.text import fit, hidden_note, terminal_width, wrapped
 from dapo_common.util import duration
-from db import stats
+from db import power, stats
 
 if TYPE_CHECKING:  # pandas is imported by the caller; `dapo --help` need not pay for it
     import pandas as pd
 
 FORMATS = ("text", "csv", "markdown")
 MISSING = "—"
-SIGNIFICANT = "*"  # after a difference whose 95% interval excludes 0
+SIGNIFICANT = "*"  # after a difference the exact paired sign-flip test calls real at 5%
+# What the mark means, in every caption: the exact test, not the t-interval, decides it, and it
+# cannot fire below 6 seeds (smallest p 2/2^n: 0.0625 at 5).
+SIGNIFICANT_RULE = f"{SIGNIFICANT} = exact paired sign-flip p < 0.05 (possible from 6 seeds on)"
 # Columns whose cells are numbers (right-aligned in text and Markdown).
 _LEFT = {"arm", "adds", "parent", "status"}
 SINGLE_NOTE = "n=1: no intervals (one seed; the n column says how many seeds each arm has)"
@@ -74,7 +77,7 @@ def estimate_text(
     bare_single: bool = False,
 ) -> str:
     """A mean and its 95% interval in percent: '43.0 [38.2, 47.8]'; a difference also gets
-    ' *' when its interval excludes 0 ('+5.0 [+1.2, +8.8] *'). One value: '44.0 (n=1, no
+    ' *' when the exact paired test calls it real ('+5.0 [+1.2, +8.8] *', Estimate.significant). One value: '44.0 (n=1, no
     interval)', so a single seed never reads as a certain number; with `bare_single` (a table
     that says SINGLE_NOTE once) just '44.0'. When fewer values went in than the row has seeds
     (a difference over the seeds two arms share), '(n=2)' says so, bare or not.
@@ -89,17 +92,33 @@ def estimate_text(
     if not estimate.has_interval:
         return f"{value} (n={estimate.n}, no interval)"
     text = f"{value} [{num(estimate.low)}, {num(estimate.high)}]"
-    if signed and estimate.excludes_zero:
+    if signed and estimate.significant:
         text += f" {SIGNIFICANT}"
     if n_expected is not None and estimate.n != n_expected:
         text += f" (n={estimate.n})"
     return text
 
 
-def ablation_records(table: pd.DataFrame, *, bare_single: bool = False) -> list[dict[str, str]]:
+def share_text(share: Any) -> str:
+    """A decisions.Share as '1/8 [0, 53]' (k of n, the exact 95% interval of the rate in %);
+    '—' for no run."""
+    if share is None or _missing(share) or share.n == 0:
+        return MISSING
+    return f"{share.k}/{share.n} [{100 * share.low:.0f}, {100 * share.high:.0f}]"
+
+
+def wants_iqm(table: pd.DataFrame) -> bool:
+    """Whether some arm has enough seeds for an interquartile mean (decisions.IQM_FROM)."""
+    return any(not _missing(v) for v in table.get("iqm", []))
+
+
+def ablation_records(
+    table: pd.DataFrame, *, bare_single: bool = False, iqm: bool = False
+) -> list[dict[str, str]]:
     """One dict of display strings per arm, in the table's (ladder) order: the columns of
     `dapo table`, the dashboard's table and the Prefect artifact alike. `bare_single`: see
-    estimate_text (for a table that carries SINGLE_NOTE)."""
+    estimate_text (for a table that carries SINGLE_NOTE). `iqm`: an IQM column beside the final
+    score (the interquartile mean over seeds, from 5 seeds on; '—' below)."""
     seeds = seed_list(table)
     records = []
     for row in table.to_dict("records"):
@@ -109,6 +128,8 @@ def ablation_records(table: pd.DataFrame, *, bare_single: bool = False) -> list[
         record["start"] = pct(row["start_mean"])
         # The final score is over the row's own n; a difference may pair fewer seeds.
         record["final"] = estimate_text(row["score"], bare_single=bare_single)
+        if iqm:
+            record["IQM"] = pct(row.get("iqm"))
         gain, d_parent, d_base = (
             estimate_text(row[name], signed=True, n_expected=n, bare_single=bare_single)
             for name in ("gain", "delta_parent", "delta_base")
@@ -124,6 +145,7 @@ def ablation_records(table: pd.DataFrame, *, bare_single: bool = False) -> list[
         record["updates"] = count(row["grad_updates"])
         record["tokens"] = count(row["tokens"])
         record["time"] = duration(row["wall_s"], compact=True, missing=MISSING)
+        record["collapsed"] = share_text(row.get("collapsed"))
         record["status"] = str(row["status"])
         records.append(record)
     return records
@@ -162,7 +184,7 @@ def caption(
     what = (
         f"final {metric_label(table)} in %, mean over seeds [95% t-interval over seeds]; "
         "start = the starting model (step-0 evaluation); gain = final − start; Δ parent, "
-        f"Δ base: paired by seed, in percentage points, {SIGNIFICANT} = the interval excludes 0; "
+        f"Δ base: paired by seed, in percentage points, {SIGNIFICANT_RULE}; "
         + ("n=1: one seed, no interval; " if single_note else "")
         + "paper = Table 1 (AIME 2024 avg@32, Qwen2.5-32B)"
     )
@@ -177,9 +199,21 @@ def leader_of(table: pd.DataFrame) -> stats.Leader:
     return stats.leader_of_rows(table.to_dict("records"))
 
 
+def p_text(estimate: stats.Estimate) -> str:
+    """The exact test of a difference in words: 'p = 0.031', or at too few seeds
+    'p = 0.25, the smallest 3 seeds allow' (no number of seeds below 6 can reach 5%);
+    '' for a value that is not a test."""
+    if not estimate.tested:
+        return ""
+    p = f"p = {estimate.p:.2g}" + ("" if estimate.exact else " (Monte Carlo)")
+    if estimate.p <= stats.smallest_p(estimate.n) and stats.smallest_p(estimate.n) >= stats.ALPHA:
+        return f"{p}, the smallest {estimate.n} seed{'s' if estimate.n != 1 else ''} allow"
+    return p
+
+
 def headline(lead: stats.Leader) -> str:
-    """The 'best arm' line: it names an arm only when its lead over the runner-up is
-    significant (paired 95% interval over seeds above 0); otherwise it says no arm leads."""
+    """The 'best arm' line: it names an arm only when the exact paired test of its lead over
+    the runner-up calls the lead real; otherwise it says no arm leads, with that test's p."""
     if lead.best is None:
         return "No arm has a score yet."
     if lead.runner_up is None:
@@ -190,7 +224,7 @@ def headline(lead: stats.Leader) -> str:
         return (
             f"Best arm: {lead.best} ({pct(lead.best_mean)}%), ahead of {lead.runner_up} by "
             f"{pct(diff.mean, True)} pp [{pct(diff.low, True)}, {pct(diff.high, True)}] "
-            f"(paired over {diff.n} seeds)."
+            f"(paired over {diff.n} seeds, exact {p_text(diff)})."
         )
     if diff.n == 0:
         return (
@@ -204,7 +238,8 @@ def headline(lead: stats.Leader) -> str:
         )
     return (
         f"No arm leads significantly: {gap} = {pct(diff.mean, True)} pp "
-        f"[{pct(diff.low, True)}, {pct(diff.high, True)}] (paired over {diff.n} seeds)."
+        f"[{pct(diff.low, True)}, {pct(diff.high, True)}] (paired over {diff.n} seeds, "
+        f"exact {p_text(diff)})."
     )
 
 
@@ -271,7 +306,14 @@ def _csv(table: pd.DataFrame) -> str:
             out[f"{name}_low_pct"], out[f"{name}_high_pct"] = p(estimate.low), p(estimate.high)
             out[f"{name}_n"] = estimate.n
             if name != "score":
-                out[f"{name}_significant"] = int(estimate.excludes_zero)
+                out[f"{name}_significant"] = int(estimate.significant)
+                # the exact test and what the design can detect (db.power)
+                out[f"{name}_p"] = "" if _missing(estimate.p) else round(estimate.p, 9)
+                out[f"{name}_p_exact"] = "" if _missing(estimate.p) else int(estimate.exact)
+                mde = power.mde(estimate.sd, estimate.n)
+                out[f"{name}_mde_pct"] = "" if _missing(mde) or math.isinf(mde) else p(mde)
+                needed = power.seeds_needed(estimate.mean, estimate.sd)
+                out[f"{name}_seeds_needed"] = "" if needed is None else needed
         out["score_std_pct"] = p(row["score_std"])
         for name in ("gain", "delta_parent", "delta_base"):
             # one seed only: the interval over eval problems (problem sampling, not seeds)
@@ -279,6 +321,12 @@ def _csv(table: pd.DataFrame) -> str:
             out[f"{name}_problems_low_pct"] = p(problems.low)
             out[f"{name}_problems_high_pct"] = p(problems.high)
         out["best_mean_pct"], out["best_std_pct"] = p(row["best_mean"]), p(row["best_std"])
+        out["iqm_pct"] = p(row.get("iqm"))
+        share = row.get("collapsed")
+        out["collapsed"] = "" if share is None or _missing(share) else share.k
+        out["collapsed_of"] = "" if share is None or _missing(share) else share.n
+        out["collapsed_low_pct"] = "" if share is None or _missing(share) else p(share.low)
+        out["collapsed_high_pct"] = "" if share is None or _missing(share) else p(share.high)
         for name in ("steps", "grad_updates", "tokens", "wall_s"):
             value = row[name]
             out[name] = "" if _missing(value) else (round(float(value), 3))
@@ -299,9 +347,9 @@ def drop_order(records: Sequence[Mapping[str, str]]) -> list[str]:
     beside it), final and Δ parent always stay."""
     seeds = [c for c in (records[0] if records else ()) if c.startswith("seed ")]
     return [
-        *("updates", "tokens", "paper"),
+        *("updates", "tokens", "paper", "collapsed"),
         *reversed(seeds),
-        *("steps", "time", "parent", "adds", "status", "start", "Δ base", "gain"),
+        *("steps", "time", "parent", "adds", "status", "start", "IQM", "Δ base", "gain"),
     ]
 
 
@@ -319,29 +367,49 @@ def render(
     width: int | None = None,
     wide: bool = False,
     artifact: bool = False,
+    planned: Sequence[tuple[str, str]] = (),
+    effect: float | None = None,
+    iqm: bool | None = None,
+    protocol: str | None = None,
 ) -> str:
-    """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line and
-    the headline (which arm leads, if any does significantly).
+    """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line, the
+    headline (which arm leads, if any does significantly), the comparisons under it (every Δ
+    with its exact p, MDE, seeds needed and verdict: db.decisions, `planned` pairs and the
+    `effect` the researcher names included) and the `protocol` line.
 
     Text fits `width` columns (default: terminal_width(); `wide`: no limit) and, like
     Markdown, shows a one-seed value bare with SINGLE_NOTE under the table. `artifact`:
-    Markdown in the Prefect artifacts' column order (artifact_records)."""
+    Markdown in the Prefect artifacts' column order (artifact_records). `iqm`: the IQM column
+    (None: when some arm has the seeds for one)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if table.empty:
         return "" if fmt == "csv" else "(no arms)\n"
     if fmt == "csv":
         return _csv(table)
+    from db import decisions, decisions_format
+
     single = has_single(table)
-    records = ablation_records(table, bare_single=True)
+    records = ablation_records(
+        table, bare_single=True, iqm=wants_iqm(table) if iqm is None else iqm
+    )
     note, lead = caption(table, sweep, single_note=False), headline(leader_of(table))
     notes = [SINGLE_NOTE] if single else []
+    comps = decisions.comparisons(table, planned=planned, effect=effect)
+    limit = None if wide or fmt != "text" else (width or terminal_width())
+    compared = decisions_format.render(comps, fmt, width=limit)
+    tail = "".join(
+        f"\n{part}"
+        for part in (compared, wrapped(protocol, limit) + "\n" if protocol else "")
+        if part
+    )
     if fmt == "text":
-        limit = None if wide else (width or terminal_width())
         shown, hidden = fit(records, limit, drop=drop_order(records), shrink={"adds": 16})
         if hidden:
             notes.append(hidden_note(hidden, limit))
         under = "".join(f"{wrapped(n, limit)}\n" for n in notes)  # right under the rows
-        return f"{wrapped(note, limit)}\n\n{_aligned(shown)}\n{under}\n{wrapped(lead, limit)}\n"
+        return (
+            f"{wrapped(note, limit)}\n\n{_aligned(shown)}\n{under}\n{wrapped(lead, limit)}\n" + tail
+        )
     body = "\n\n".join([_markdown(artifact_records(records) if artifact else records), *notes])
-    return f"{body}\n\n*{_escape(note)}*\n\n{lead}\n"
+    return f"{body}\n\n*{_escape(note)}*\n\n{lead}\n" + tail

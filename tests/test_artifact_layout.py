@@ -169,7 +169,7 @@ def test_key_columns_fit_1440_px(published: Published) -> None:
 
         url = prefect_ui.latest_artifact_url(api, plan.artifact_key("ablation-table", sweep_id))
         # token_loss's Δ base: significant; dapo: still running
-        (table,) = look(page, url, [*fx.ARMS, "+12.5 [+6.1, +18.9] *", "running"], "table")
+        (table,) = look(page, url, [*fx.ARMS, "+12.5 [+6.1, +18.9]", "running"], "table")
         headers = [h["text"] for h in table["headers"]]
         assert headers[: len(key)] == key
         assert sorted(headers) == sorted(published.columns)  # every column, key ones first
@@ -183,6 +183,6 @@ def test_key_columns_fit_1440_px(published: Published) -> None:
         whole_on_screen(table, key)
 
         url = prefect_ui.latest_artifact_url(api, plan.artifact_key("mechanism-table", sweep_id))
-        (table,) = look(page, url, ["clip_ratio/high (%)", "+1.25 [+0.61, +1.89] *"], "mechanisms")
+        (table,) = look(page, url, ["clip_ratio/high (%)", "+1.25 [+0.61, +1.89]"], "mechanisms")
         assert [h["text"] for h in table["headers"]][: len(MECHANISM_KEY)] == MECHANISM_KEY
         whole_on_screen(table, MECHANISM_KEY)

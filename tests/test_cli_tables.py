@@ -64,8 +64,12 @@ def test_table_fits_120_columns_by_default_and_says_what_it_hid(filled: fx.Fixtu
     # what a reader needs stays: the arm, its n, the score and the Δ to its parent
     for column in ("arm", "n", "final", "Δ parent"):
         assert column in re.split(r"\s{2,}", header.strip())
-    hidden = [line for line in lines if line.startswith("(hidden to fit 120 columns: ")]
-    assert len(hidden) == 1 and hidden[0].endswith("--wide shows all)")
+    first = next(
+        i for i, line in enumerate(lines) if line.startswith("(hidden to fit 120 columns: ")
+    )
+    last = next(i for i in range(first, len(lines)) if lines[i].endswith("all)"))
+    hidden = [" ".join(lines[first : last + 1])]  # the note, wrapped to the width
+    assert hidden[0].endswith("--wide shows all)")
     assert "updates" in hidden[0] and "tokens" in hidden[0]  # bookkeeping goes first
     rows = {line.split()[0]: line for line in lines if line.split()[:1] in ([a] for a in fx.ARMS)}
     assert list(rows) == fx.ARMS

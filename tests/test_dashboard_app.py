@@ -94,7 +94,7 @@ def test_ablation_table_shows_hand_computed_scores_and_deltas(
     # starting model 20 (seed 0), 22 (seed 1); gain paired by seed, e.g. overlong_filter
     # (16, 17) -> 16.5 ± 12.7062 · 0.5 = [10.1, 22.9], above 0: marked
     assert list(table["start"]) == ["21.0", "21.0", "21.0", "20.0", "21.0", "20.0"]
-    assert table["gain"].iloc[1] == "+16.5 [+10.1, +22.9] *"
+    assert table["gain"].iloc[1] == "+16.5 [+10.1, +22.9]"
     # Δ to the parent (the arm before), paired by seed: overlong_filter − grpo = (6, 5) ->
     # 5.5 ± 6.35; clip_higher − overlong_filter = (4, 7) -> 5.5 ± 19.06; the rest share one seed
     assert list(table["Δ parent"]) == [
@@ -112,7 +112,7 @@ def test_ablation_table_shows_hand_computed_scores_and_deltas(
         "+5.5 [-0.9, +11.9]",
         "+11.0 [-1.7, +23.7]",
         "+14.0 (n=1, no interval)",
-        "+12.5 [+6.1, +18.9] *",
+        "+12.5 [+6.1, +18.9]",
         "+20.0 (n=1, no interval)",
     ]
     assert list(table["seed 0"]) == ["30.0", "36.0", "40.0", "44.0", "43.0", "50.0"]
@@ -188,8 +188,18 @@ def test_sweeps_list(fixture_store: fx.FixtureStore) -> None:
     frame = at.dataframe[0].value
     assert list(frame["sweep_id"]) == [fixture_store.other_sweep_id, fixture_store.sweep_id]
     ladder = frame[frame["sweep_id"] == fixture_store.sweep_id].iloc[0]
-    assert ladder["runs"] == "10 / 12"
-    assert ladder["progress"] == pytest.approx(10 / 12)
+    # 10 of 12 (arm, seed) pairs done, and one running: dapo seed 1 has stored its 5 steps
+    # (the counter reads 5 at its last step, of run.steps 5), so the sweep stands at 11 / 12
+    assert ladder["runs"] == "10 / 12 · 1 running"
+    assert ladder["progress"] == pytest.approx(11 / 12)
+    # bars in a colour that does not read as failure (Streamlit's default is its red)
+    progress = json.loads(at.dataframe[0].proto.columns)["progress"]
+    assert progress["type_config"]["color"] == "green"
+    running = at.dataframe[1].value
+    assert running[["arm", "seed", "steps_text", "eta"]].values.tolist() == [
+        ["dapo", 1, "5 / 5", "—"]  # the fixture logs no step times: no pace, no ETA
+    ]
+    assert running["run"].tolist() == [f"run?run={fixture_store.run_ids[fx.RUNNING]}"]
     assert ladder["best_arm"] == "—"  # dapo leads on one seed only: not significantly
     assert ladder["headline"].startswith("No arm leads significantly: dapo − token_loss")
     assert ladder["status"] == "● running"
@@ -366,11 +376,11 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
         ["dapo", "◆ sampling/gen_batches"],
     ]
     # Clip-Higher: Δ clip_ratio/high (1.2, 1.3) pp -> 1.25 ± 12.7062 · 0.05 = [0.61, 1.89]
-    assert signature["Δ parent"].tolist()[2] == "+1.25 [+0.61, +1.89] *"
+    assert signature["Δ parent"].tolist()[2] == "+1.25 [+0.61, +1.89]"
     # the filter takes truncated responses out of the loss: grpo's last-2 shares (0.065, 0.075)
     # on seeds 0 and 1 fall to 0, with no spread; on the first 2 steps (0.095, 0.105)
-    assert signature["Δ parent"].tolist()[1] == "-7.00 [-13.35, -0.65] *"
-    assert signature["Δ parent, first 2"].tolist()[1] == "-10.0 [-16.4, -3.6] *"
+    assert signature["Δ parent"].tolist()[1] == "-7.00 [-13.35, -0.65]"
+    assert signature["Δ parent, first 2"].tolist()[1] == "-10.0 [-16.4, -3.6]"
     assert signature["changes"].tolist()[0] == "algo.overlong_filter"
     every = at.dataframe[1].value
     assert list(every["arm"]) == fx.ARMS
@@ -380,7 +390,7 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
     at.radio(key="mech-cells").set_value("Δ parent (last window)").run()
     every = at.dataframe[1].value
     assert every.loc[every["arm"] == "clip_higher", "entropy/mean"].item() == (
-        "+0.210 [+0.083, +0.337] *"
+        "+0.210 [+0.083, +0.337]"
     )
     assert every.loc[every["arm"] == "grpo", "entropy/mean"].item() == "—"  # no parent
     at.radio(key="mech-cells").set_value("Δ parent (first window)").run()
@@ -460,7 +470,7 @@ def test_a_grid_sweep_in_the_ablation_table_compares_with_its_base(
     assert table["parent"].tolist() == ["—"] + ["dapo"] * (len(fx.GRID_POINTS) - 1)
     # (0.42, 0.44, 0.46) − (0.45, 0.46, 0.47) = (−3, −2, −1) pp: −2.0 ± 2.48
     assert table["Δ parent"].tolist()[-1] == "-2.0 [-4.5, +0.5]"
-    assert table["Δ parent"].tolist()[1] == "-10.0 [-10.0, -10.0] *"
+    assert table["Δ parent"].tolist()[1] == "-10.0 [-10.0, -10.0]"
     assert f"[Grid](grid?sweep={grid_store.sweep_id})" in texts(at)
 
 

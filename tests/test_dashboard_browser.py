@@ -57,7 +57,7 @@ def test_ablation_view_renders_every_arm(served_dashboard: tuple[str, int], tmp_
         # token_loss − grpo paired by seed: (13, 12) -> 12.5 ± 6.35 pp, marked as above 0;
         # one-seed arms show no false certainty.
         text = page.wait_for(
-            [*fx.ARMS, "No arm leads significantly", "+12.5 [+6.1, +18.9] *", "n=1, no interval"]
+            [*fx.ARMS, "No arm leads significantly", "+12.5 [+6.1, +18.9]", "n=1, no interval"]
         )
         assert "Ablation ladder" in text and "Traceback" not in text
         data = page.screenshot(tmp_path / "dashboard.png")
@@ -77,7 +77,7 @@ def test_mechanisms_view_renders_each_arms_signature(served_dashboard: tuple[str
         # Waited for, as the page draws its parts one after another: a wrong number is a
         # timeout that shows what the page held.
         text = page.wait_for(
-            ["Each arm's signature", "+1.25 [+0.61, +1.89] *", "◆ loss/long_share (%)"]
+            ["Each arm's signature", "+1.25 [+0.61, +1.89]", "◆ loss/long_share (%)"]
         )
     assert "Mechanisms" in text and "Traceback" not in text
 

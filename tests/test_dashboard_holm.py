@@ -52,7 +52,7 @@ def test_holm_checkbox_shows_the_cli_note(store: tuple[str, int, int]) -> None:
     assert not at.exception, [e.value for e in at.exception]
     note = ablation.holm_note(ablation.holm_stars(ablation.ablation_table(Store(url).engine, holm)))
     # three stars, Holm keeps b's (test_table_holm's numbers by hand)
-    assert note.startswith("Holm over the 3 Δ parent interval(s) (family-wise 5%): 3 starred, 1")
+    assert note.startswith("Holm over the 3 Δ parent test(s) (family-wise 5%): 3 starred, 1")
     assert note in [c.value for c in at.caption]
 
 

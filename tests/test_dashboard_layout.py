@@ -80,7 +80,7 @@ def test_key_columns_fit_1440_px(served: tuple[str, fx.FixtureStore], tmp_path: 
         tables = look(
             page,
             f"{base}/?sweep={store.sweep_id}&live=0",
-            [*fx.ARMS, "+12.5 [+6.1, +18.9] *"],
+            [*fx.ARMS, "+12.5 [+6.1, +18.9]"],
             tmp_path / "layout-ablation.png",
         )
         key_columns_whole(tables[0], layout.ABLATION_KEY)
@@ -96,7 +96,7 @@ def test_key_columns_fit_1440_px(served: tuple[str, fx.FixtureStore], tmp_path: 
         tables = look(
             page,
             f"{base}/mechanisms?sweep={store.sweep_id}",
-            ["Each arm's signature", "+1.25 [+0.61, +1.89] *"],
+            ["Each arm's signature", "+1.25 [+0.61, +1.89]"],
             tmp_path / "layout-mechanisms.png",
         )
         key_columns_whole(tables[0], layout.SIGNATURE_KEY)

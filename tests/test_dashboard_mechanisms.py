@@ -80,7 +80,11 @@ def test_values_in_their_units_with_three_significant_digits() -> None:
     )
     delta = stats.paired({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})  # a float's 1.0: 1.00, not 1.000
     assert mech_text.value_text(delta, "sampling/gen_batches", signed=True) == (
-        "+1.00 [+1.00, +1.00] *"
+        "+1.00 [+1.00, +1.00]"  # two seeds: the exact test's p is 0.5, no mark
+    )
+    six = stats.paired(dict.fromkeys(range(6), 1.0), dict.fromkeys(range(6), 0.0))
+    assert mech_text.value_text(six, "sampling/gen_batches", signed=True) == (
+        "+1.00 [+1.00, +1.00] *"  # six seeds of one sign: p = 2/64
     )
     assert mech_text.value_text(stats.EMPTY, TRUNCATED) == "—"
     assert mech_text.metric_label(CLIP_HIGH) == "clip_ratio/high (%)"
@@ -96,15 +100,29 @@ def test_signature_keeps_each_arms_own_metrics() -> None:
         ["gspo", "(none for algo.loss_mode)"],
     ]
     assert shown["Δ parent"].tolist() == ["+1.10 [-0.17, +2.37]", "—"]
-    assert shown["Δ parent, first 3"].tolist() == ["+0.900 [+0.900, +0.900] *", "—"]
+    assert shown["Δ parent, first 3"].tolist() == ["+0.900 [+0.900, +0.900]", "—"]
     assert shown["last 3"].tolist()[0] == "1.40 [-1.14, 3.94]"
     css = mechanisms.signature_css(table, shown)
-    # the last window's Δ holds 0: not bold; the first window's excludes it: bold
-    assert (
-        css.loc[0, "Δ parent"] == ""
-        and css.loc[0, "Δ parent, first 3"] == mechanisms.SIGNIFICANT_CSS
-    )
-    assert (css.drop(columns="Δ parent, first 3") == "").all().all()
+    # two seeds: the first window's interval excludes 0, but no exact test passes: not bold
+    assert (css == "").all().all()
+    # six seeds of the same first-window gap: bold there, and only there
+    seeds = range(6)
+    six = pd.DataFrame(
+        [
+            _row("grpo", None, (), CLIP_HIGH, dict.fromkeys(seeds, 0.002), dict.fromkeys(seeds, 0.001)),
+            _row(
+                "clip_higher", "grpo", ("algo.clip_high",), CLIP_HIGH,
+                {s: 0.012 + 0.001 * s for s in seeds}, dict.fromkeys(seeds, 0.010),
+                {s: 0.002 + 0.002 * (s % 2) * (-1) ** s for s in seeds},
+                dict.fromkeys(seeds, 0.001),
+            ),
+        ],
+        columns=MECHANISM_COLUMNS,
+    )  # fmt: skip
+    shown6 = mechanisms.signature(six)
+    css6 = mechanisms.signature_css(six, shown6)
+    assert css6.loc[0, "Δ parent, first 3"] == mechanisms.SIGNIFICANT_CSS
+    assert css6.loc[0, "Δ parent"] == mechanisms.SIGNIFICANT_CSS  # every seed above too
 
 
 def test_wide_table_highlights_the_focus_cells() -> None:

@@ -14,17 +14,27 @@ from dashboard import configs, curves, rollouts, shaping
 from db import stats, table_format
 
 
-def _table() -> pd.DataFrame:
+FINALS = {
+    "grpo": {0: 0.30, 1: 0.34},
+    "clip_higher": {0: 0.40, 1: 0.45},
+    "token_loss": {0: 0.35, 1: 0.396},
+    "dapo": {0: 0.38},
+}
+# Six seeds: the fewest at which a Δ can be called real (the exact test's smallest p is 2/2^6);
+# clip_higher above grpo and token_loss below clip_higher on every seed.
+SIX = {
+    "grpo": {s: 0.30 + 0.01 * s for s in range(6)},
+    "clip_higher": {s: 0.40 + 0.01 * s + 0.002 * (s % 2) for s in range(6)},
+    "token_loss": {s: 0.35 + 0.01 * s for s in range(6)},
+    "dapo": {0: 0.38},
+}
+
+
+def _table(finals: dict[str, dict[int, float]] = FINALS) -> pd.DataFrame:
     """A db.ablation.ablation_table-shaped frame: 4 arms × seeds 0 and 1; dapo's seed 1 failed.
     Its statistics come from db.stats (pinned in tests/test_stats.py); this file pins how
     they are shown."""
-    finals = {
-        "grpo": {0: 0.30, 1: 0.34},
-        "clip_higher": {0: 0.40, 1: 0.45},
-        "token_loss": {0: 0.35, 1: 0.396},
-        "dapo": {0: 0.38},
-    }
-    starts = {0: 0.20, 1: 0.22}
+    starts = {s: 0.20 + 0.02 * (s % 2) for s in range(6)}
     arms = list(finals)
     rows = []
     for i, arm in enumerate(arms):
@@ -76,7 +86,8 @@ def test_ablation_display_is_the_one_record_function() -> None:
     ]
     assert list(display.columns) == [
         "arm", "adds", "n", "start", "final", "gain", "parent", "Δ parent", "Δ base",
-        "seed 0", "seed 1", "paper", "steps", "updates", "tokens", "time", "status",
+        "seed 0", "seed 1", "paper", "steps", "updates", "tokens", "time", "collapsed",
+        "status",
     ]  # fmt: skip
     # final: grpo (30, 34) -> 32.0 ± t(0.975, 1) · 2 = 32.0 ± 25.4; dapo has one seed
     assert display["final"].tolist() == [
@@ -87,11 +98,12 @@ def test_ablation_display_is_the_one_record_function() -> None:
     ]
     # Δ parent, paired by seed: clip_higher − grpo = (10, 11) -> 10.5 ± 12.7062 · 0.5
     # = [4.1, 16.9], above 0; token_loss − clip_higher = (−5, −5.4) -> −5.2 ± 12.7062 · 0.2
-    # = [−7.7, −2.7], below 0; dapo − token_loss on seed 0 only: +3.0, no interval
+    # = [−7.7, −2.7], below 0; dapo − token_loss on seed 0 only: +3.0, no interval. Two seeds
+    # are no test (the exact p is at least 2/2^2 = 0.5): no star, whatever the interval.
     assert display["Δ parent"].tolist() == [
         "—",
-        "+10.5 [+4.1, +16.9] *",
-        "-5.2 [-7.7, -2.7] *",
+        "+10.5 [+4.1, +16.9]",
+        "-5.2 [-7.7, -2.7]",
         "+3.0 (n=1, no interval)",
     ]
     # Δ base: dapo − grpo on seed 0 only (its seed 1 failed): 38 − 30
@@ -107,11 +119,14 @@ def test_ablation_display_is_the_one_record_function() -> None:
     assert shaping.number_columns(display)[:3] == ["n", "start", "final"]
 
 
-def test_style_colours_only_differences_whose_interval_excludes_zero() -> None:
-    table = _table()
+def test_style_colours_only_differences_the_exact_test_calls_real() -> None:
+    two = _table()
+    assert shaping.estimate_css(two["delta_parent"][1]) == ""  # excludes 0, but 2 seeds
+    table = _table(SIX)
     styler = shaping.style_ablation(table)
     html = styler.to_html()
-    assert "+10.5 [+4.1, +16.9] *" in html
+    # clip_higher − grpo = (10, 10.2, 10, 10.2, 10, 10.2): every seed above: p = 2/64
+    assert "+10.1 [+10.0, +10.2] *" in html
     styles = styler._compute().ctx  # (row, column position) -> [(css property, value)]
     column = list(styler.data.columns).index("Δ parent")
     assert ("color", "#137333") in styles[(1, column)]  # above 0: green
@@ -132,7 +147,8 @@ def test_the_csv_carries_the_intervals() -> None:
     # 10.5 ± 12.706205 · 0.5 = [4.146898, 16.853102]
     assert clip["delta_parent_low_pct"] == pytest.approx(4.146898, abs=1e-6)
     assert clip["delta_parent_high_pct"] == pytest.approx(16.853102, abs=1e-6)
-    assert (clip["delta_parent_n"], clip["delta_parent_significant"]) == (2, 1)
+    assert (clip["delta_parent_n"], clip["delta_parent_significant"]) == (2, 0)
+    assert clip["delta_parent_p"] == pytest.approx(0.5)  # 2 seeds: the smallest p there is
     assert clip["score_low_pct"] == pytest.approx(42.5 - 12.706205 * 2.5, abs=1e-5)
     dapo = frame.iloc[3]
     assert math.isnan(dapo["score_low_pct"]) and dapo["score_n"] == 1  # one seed: empty

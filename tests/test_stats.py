@@ -164,18 +164,32 @@ def test_interval_holds_its_mean_and_moves_with_a_shift(values: list[float], shi
 # --- the leader -------------------------------------------------------------------------------
 
 
-def test_the_leader_is_named_only_when_its_paired_lead_excludes_zero() -> None:
-    a = {0: 0.40, 1: 0.50, 2: 0.60}  # mean 0.50
-    b = {0: 0.43, 1: 0.54, 2: 0.65}  # mean 0.54: b − a = 0.04 [0.0152, 0.0648] (above)
-    c = {0: 0.10, 1: 0.20, 2: 0.30}  # mean 0.20
-    lead = stats.leader({"a": a, "b": b, "c": c, "none": {}})
+# Six seeds: the fewest at which the exact test can reach 5% (every difference of one sign gives
+# p = 2/2^6 = 0.03125). b beats a on every seed by 3, 4, 5, 3, 4, 5 points: d has mean 0.04,
+# s² = 4 · 0.01² / 5 = 0.00008, s = 0.0089443, s/√6 = 0.0036515; t(0.975, 5) = 2.570582
+# -> 0.04 ± 0.0093866 = [0.030613, 0.049387].
+A6 = {0: 0.40, 1: 0.50, 2: 0.60, 3: 0.45, 4: 0.55, 5: 0.50}
+B6 = {s: v + (0.03, 0.04, 0.05)[s % 3] for s, v in A6.items()}
+
+
+def test_the_leader_is_named_only_when_the_exact_test_calls_its_lead_real() -> None:
+    c = {s: v - 0.3 for s, v in A6.items()}
+    lead = stats.leader({"a": A6, "b": B6, "c": c, "none": {}})
     assert (lead.best, lead.runner_up, lead.significant) == ("b", "a", True)
     assert lead.best_mean == pytest.approx(0.54)
-    assert lead.lead.low == pytest.approx(0.015159, abs=1e-6)
+    assert lead.lead.low == pytest.approx(0.030613, abs=1e-6)
+    assert lead.lead.p == pytest.approx(2 / 64)
+    # The same lead over three seeds: the t-interval [0.0152, 0.0648] excludes 0, but the
+    # exact test's smallest p at n = 3 is 2/8 = 0.25: no lead.
+    a3 = {s: A6[s] for s in range(3)}
+    b3 = {s: B6[s] for s in range(3)}
+    three = stats.leader({"a": a3, "b": b3})
+    assert three.lead.excludes_zero and three.lead.p == pytest.approx(0.25)
+    assert (three.best, three.significant) == ("b", False)
     # b2 − a = (0.05, −0.02, 0.09): mean 0.04, s² = (0.01² + 0.06² + 0.05²) / 2 = 0.0031,
-    # s / √3 = 0.0321455 -> 0.04 ± 0.138311 = [-0.098311, 0.178311]: same mean, no lead
+    # s / √3 = 0.0321455 -> 0.04 ± 0.138311 = [-0.098311, 0.178311]
     b2 = {0: 0.45, 1: 0.48, 2: 0.69}
-    loose = stats.leader({"a": a, "b2": b2})
+    loose = stats.leader({"a": a3, "b2": b2})
     assert (loose.best, loose.runner_up, loose.significant) == ("b2", "a", False)
     assert (loose.lead.low, loose.lead.high) == pytest.approx((-0.098311, 0.178311), abs=1e-6)
     one_seed = stats.leader({"x": {0: 0.5}, "y": {0: 0.6}})
@@ -186,15 +200,94 @@ def test_the_leader_is_named_only_when_its_paired_lead_excludes_zero() -> None:
     assert stats.leader({"p": {0: 0.5}, "q": {0: 0.5}}).best == "p"  # a tie keeps ladder order
 
 
+# --- the exact paired test ---------------------------------------------------------------------
+
+
+def test_sign_flip_p_counted_by_hand() -> None:
+    # d = (1, 2, 3): |Σ| = 6; of the 8 sign assignments only (+,+,+) and (−,−,−) reach 6
+    assert stats.sign_flip_p([1.0, 2.0, 3.0]) == (pytest.approx(2 / 8), True)
+    # d = (1, −2, 3): |Σ| = 2; flipped sums ±6, ±4 (flip 1: −1−2+3... ) — list all eight:
+    # (+−+) 2, (−−+) 0, (++ +) 6, (−++) 4, (+−−) −4, (−−−) −6, (++−) 0, (−+−) −2 -> |s| >= 2: 6
+    assert stats.sign_flip_p([1.0, -2.0, 3.0])[0] == pytest.approx(6 / 8)
+    # all zero: every flip reaches 0: p = 1; one value: its flip is its mirror: p = 1
+    assert stats.sign_flip_p([0.0, 0.0])[0] == 1.0
+    assert stats.sign_flip_p([0.3])[0] == 1.0
+    assert math.isnan(stats.sign_flip_p([])[0])
+    # the headline: dapo − grpo on explore over 8 seeds, 16 of 256 flips reach it
+    d = [4.3, -2.0, 10.1, 9.8, -2.3, 12.9, 1.2, 5.3]
+    assert stats.sign_flip_p(d)[0] == pytest.approx(0.0625)
+    with pytest.raises(ValueError, match="NaN"):
+        stats.sign_flip_p([0.1, math.nan])
+
+
+def test_smallest_p_and_why_six_seeds() -> None:
+    assert [stats.smallest_p(n) for n in (1, 2, 3, 5, 6)] == [1.0, 0.5, 0.25, 0.0625, 0.03125]
+    assert stats.smallest_p(0) == 1.0
+    # every difference of one sign gives exactly the smallest p
+    for n in range(1, 9):
+        assert stats.sign_flip_p([0.01 * (i + 1) for i in range(n)])[0] == stats.smallest_p(n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=2, max_size=9))
+def test_sign_flip_p_equals_scipys_permutation_test(values: list[float]) -> None:
+    import numpy as np
+    from scipy.stats import permutation_test
+
+    values = [round(v, 3) for v in values]  # few distinct sums, so ties are exercised
+    ours, exact = stats.sign_flip_p(values)
+    theirs = permutation_test(
+        (np.array(values),),
+        lambda x, axis: np.sum(x, axis=axis),
+        permutation_type="samples",
+        n_resamples=np.inf,
+        alternative="two-sided",
+        vectorized=True,
+    ).pvalue
+    assert exact and ours == pytest.approx(float(theirs), abs=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=1, max_size=10), st.data())
+def test_sign_flip_p_invariants(values: list[float], data: st.DataObject) -> None:
+    p = stats.sign_flip_p(values)[0]
+    assert stats.smallest_p(len(values)) - 1e-12 <= p <= 1.0
+    # the test is about signs and scale only: mirrored, rescaled or reordered, the same p
+    assert stats.sign_flip_p([-v for v in values])[0] == pytest.approx(p)
+    assert stats.sign_flip_p([3.0 * v for v in values])[0] == pytest.approx(p)
+    order = data.draw(st.permutations(values))
+    assert stats.sign_flip_p(order)[0] == pytest.approx(p)
+
+
+def test_beyond_sixteen_seeds_the_p_is_monte_carlo_and_fixed() -> None:
+    d = [0.01 * ((i % 5) - 1) for i in range(20)]  # mean 0.01
+    p1, exact = stats.sign_flip_p(d)
+    assert not exact and 0.0 < p1 < 1.0
+    assert stats.sign_flip_p(d)[0] == p1  # seeded: a table reads the same every time
+    assert stats.paired(dict(enumerate(d)), dict.fromkeys(range(20), 0.0)).exact is False
+
+
+def test_paired_carries_the_exact_p_and_the_star_follows_it() -> None:
+    delta = stats.paired(B6, A6)
+    assert delta.p == pytest.approx(2 / 64) and delta.exact and delta.significant
+    assert delta.sd == pytest.approx(0.0089443, abs=1e-6)
+    three = stats.paired({s: B6[s] for s in range(3)}, {s: A6[s] for s in range(3)})
+    assert three.excludes_zero and not three.significant  # the interval is not the test
+    mean = stats.t_interval([0.3, 0.4, 0.5])  # a score, not a difference: no test
+    assert not mean.tested and mean.significant  # falls back on its interval
+
+
 # --- how the table writes them ----------------------------------------------------------------
 
 
 def test_estimate_text() -> None:
     text = table_format.estimate_text
     assert text(stats.t_interval([0.40, 0.50, 0.60])) == "50.0 [25.2, 74.8]"
-    delta = stats.paired({0: 0.43, 1: 0.54, 2: 0.65}, {0: 0.40, 1: 0.50, 2: 0.60})
-    assert text(delta, signed=True) == "+4.0 [+1.5, +6.5] *"
-    assert text(delta, signed=True, n_expected=4) == "+4.0 [+1.5, +6.5] * (n=3)"
+    three = stats.paired({0: 0.43, 1: 0.54, 2: 0.65}, {0: 0.40, 1: 0.50, 2: 0.60})
+    assert text(three, signed=True) == "+4.0 [+1.5, +6.5]"  # p = 0.25 at 3 seeds: no star
+    delta = stats.paired(B6, A6)
+    assert text(delta, signed=True) == "+4.0 [+3.1, +4.9] *"
+    assert text(delta, signed=True, n_expected=7) == "+4.0 [+3.1, +4.9] * (n=6)"
     loose = stats.paired({0: 0.45, 1: 0.48, 2: 0.69}, {0: 0.40, 1: 0.50, 2: 0.60})
     assert text(loose, signed=True) == "+4.0 [-9.8, +17.8]"
     assert text(stats.t_interval([0.44])) == "44.0 (n=1, no interval)"
@@ -203,13 +296,19 @@ def test_estimate_text() -> None:
 
 
 def test_headline_says_when_no_arm_leads() -> None:
+    assert table_format.headline(stats.leader({"a": A6, "b": B6})) == (
+        "Best arm: b (54.0%), ahead of a by +4.0 pp [+3.1, +4.9] "
+        "(paired over 6 seeds, exact p = 0.031)."
+    )
     a, b = {0: 0.40, 1: 0.50, 2: 0.60}, {0: 0.43, 1: 0.54, 2: 0.65}
     assert table_format.headline(stats.leader({"a": a, "b": b})) == (
-        "Best arm: b (54.0%), ahead of a by +4.0 pp [+1.5, +6.5] (paired over 3 seeds)."
+        "No arm leads significantly: b − a = +4.0 pp [+1.5, +6.5] "
+        "(paired over 3 seeds, exact p = 0.25, the smallest 3 seeds allow)."
     )
     loose = stats.leader({"a": a, "b2": {0: 0.45, 1: 0.48, 2: 0.69}})
     assert table_format.headline(loose) == (
-        "No arm leads significantly: b2 − a = +4.0 pp [-9.8, +17.8] (paired over 3 seeds)."
+        "No arm leads significantly: b2 − a = +4.0 pp [-9.8, +17.8] "
+        "(paired over 3 seeds, exact p = 0.5)."
     )
     one = stats.leader({"clip_higher": {0: 0.371}, "grpo": {0: 0.370}})
     assert table_format.headline(one) == (

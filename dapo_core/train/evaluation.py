@@ -6,6 +6,7 @@ N workers), and what `dapo eval` calls on a checkpoint (runner.evaluate_checkpoi
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from dapo_core.engines.base import RolloutEngine, SamplingParams
@@ -84,7 +85,58 @@ def evaluate_policy(
         # Correct samples (of k) per problem, in the eval set's order: what a paired comparison
         # of two arms on the same problems, or a bootstrap over problems, needs.
         "correct_per_problem": [sum(c) for c in correct],
+        # The protocol under every table (db/protocol.py): how the score was taken and where;
+        # CPU kinds with other vector units round differently, so the same seed differs.
+        "grader": GRADER,
+        "temperature": cfg.data.eval_temperature,
+        "device": device_kind(model),
+        "torch": torch_version(),
     }
+
+
+GRADER = "math_score (DAPO-Math: the last 'Answer:' line, normalized, as a string)"
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def device_kind(model: Any) -> str:
+    """'NVIDIA H200' on a GPU; on a CPU its model name and widest vector unit ('AMD EPYC 7B13,
+    avx2'), read once from /proc/cpuinfo (where there is none: the platform's word)."""
+    try:
+        device = next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        device = None
+    if device is not None and device.type == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    return _cpu_kind()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_kind() -> str:
+    import platform
+
+    name, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+                if name and flags:
+                    break
+    except OSError:
+        pass
+    unit = next((u for u in ("avx512f", "avx2", "avx", "neon", "asimd") if u in flags), "")
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    return f"CPU {name}" + (f", {unit.removesuffix('f')}" if unit else "")
 
 
 def eval_problems(cfg: ExperimentConfig) -> list[Any]:

@@ -91,7 +91,7 @@ st.dataframe(
     },
 )
 st.caption(
-    "Highlighted: a metric the arm's change is about; bold: a Δ whose 95% interval excludes 0."
+    "Highlighted: a metric the arm's change is about; bold: a Δ the exact paired sign-flip test calls real (p < 0.05)."
 )
 st.download_button(
     "Download CSV",
