@@ -35,6 +35,7 @@ pages = [
     ),
     st.Page(VIEWS / "grid.py", title="Grid", icon=":material/scatter_plot:", url_path="grid"),
     st.Page(VIEWS / "rollouts.py", title="Rollouts", icon=":material/chat:", url_path="rollouts"),
+    st.Page(VIEWS / "runs.py", title="Runs", icon=":material/view_list:", url_path="runs"),
     st.Page(VIEWS / "run.py", title="Run", icon=":material/search:", url_path="run"),
     st.Page(
         VIEWS / "compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"

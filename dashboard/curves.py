@@ -253,6 +253,7 @@ def band_chart(
     log_y: bool = False,
     y_title: str | None = None,
     colour_title: str = "arm",
+    n_title: str = "seeds",
 ) -> BandChart:
     """One metric: a line per arm (mean over seeds) over its shaded band, the 95% interval over
     seeds by default (`bounds`: a pair of seed_band's columns). The band's edges are drawn as
@@ -270,7 +271,8 @@ def band_chart(
     raw_data = None if raw is None else raw[raw["name"] == metric]
     with_raw = raw_data is not None and not raw_data.empty
     data = chart_frame(mine, metric, bounds, raw_data if with_raw else None)
-    scale = alt.Scale(domain=list(arms), scheme="category10")
+    # ten colours while they suffice, twenty beyond (the Runs page may draw many lines)
+    scale = alt.Scale(domain=list(arms), scheme="category10" if len(arms) <= 10 else "tableau20")
     # One legend for every layer; its symbols drawn as solid strokes (the band's opacity would
     # otherwise fade them).
     # labelLimit: long arm names (a grid's) are shown whole, not cut to the same first letters
@@ -320,7 +322,7 @@ def band_chart(
                 alt.Tooltip("mean:Q", title=y_label, format=number),
                 alt.Tooltip("low:Q", title="95% low", format=number),
                 alt.Tooltip("high:Q", title="95% high", format=number),
-                alt.Tooltip("n_seeds:Q", title="seeds"),
+                alt.Tooltip("n_seeds:Q", title=n_title),
             ],
         )
     )

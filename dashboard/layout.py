@@ -15,6 +15,8 @@ from typing import Any
 
 import streamlit as st
 
+from dashboard import progress
+
 # --- the ablation table ---------------------------------------------------------------------
 # key columns first: which arm, what it adds, its score and the two Δs, whether it is done
 ABLATION_KEY = ["arm", "adds", "final", "Δ parent", "Δ base", "status"]
@@ -70,11 +72,16 @@ def sweep_columns() -> dict[str, Any]:
         "name": st.column_config.TextColumn("name", width=160),
         "tags": st.column_config.TextColumn("tags", width=150, help="`dapo tag --sweep ID TAG`"),
         "status": st.column_config.TextColumn("status", width=115),
-        "progress": st.column_config.ProgressColumn(
-            "progress", min_value=0.0, max_value=1.0, format="percent", width=140
+        # in steps (db.live.sweep_fraction), in a colour that does not read as failure
+        "progress": progress.progress_column(
+            width=140,
+            help="(arm, seed) pairs done + the steps the running runs have trained, over the "
+            "sweep's arms × seeds",
         ),
         "best_arm": st.column_config.TextColumn("best arm", width=110),
-        "runs": st.column_config.TextColumn("runs done", help="runs done / total"),
+        "runs": st.column_config.TextColumn(
+            "runs done", help="(arm, seed) pairs done / arms × seeds, and how many run now"
+        ),
         "created_at": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
         "preset": "preset",
         "headline": st.column_config.TextColumn("which arm leads", width="large"),

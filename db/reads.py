@@ -442,14 +442,17 @@ def evaluation_curves(
     return frame.astype({"value": float})
 
 
-def final_metrics(engine: sa.Engine, run_ids: Sequence[int]) -> pd.DataFrame:
+def final_metrics(
+    engine: sa.Engine, run_ids: Sequence[int], names: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Frame (run_id, name, step, value): each metric's row at its own last logged step, per
-    run (NaN where that row's value was logged as NaN/inf). One row per (run, metric), however
-    long the runs: the last step comes from the run's summaries when it has ended (db.summaries),
-    else from its rows' keys, and the value is then one key lookup."""
+    run (NaN where that row's value was logged as NaN/inf); `names`: only those metrics. One
+    row per (run, metric), however long the runs: the last step comes from the run's summaries
+    when it has ended (db.summaries), else from its rows' keys, and the value is then one key
+    lookup."""
     columns = ["run_id", "name", "step", "value"]
     ids = [int(r) for r in run_ids]
-    if not ids:
+    if not ids or (names is not None and not list(names)):
         return to_frame([], columns).astype({"value": float})
     m, s = _metrics.c, RUN_METRIC_SUMMARIES.c
     with engine.connect() as conn:
@@ -457,15 +460,19 @@ def final_metrics(engine: sa.Engine, run_ids: Sequence[int]) -> pd.DataFrame:
         done, rest = sorted(ended), [r for r in ids if r not in ended]
         lasts = []
         if done:
-            lasts.append(
-                sa.select(s.run_id, s.name, s.max_step.label("step")).where(s.run_id.in_(done))
+            from_summaries = sa.select(s.run_id, s.name, s.max_step.label("step")).where(
+                s.run_id.in_(done)
             )
+            if names is not None:
+                from_summaries = from_summaries.where(s.name.in_([str(n) for n in names]))
+            lasts.append(from_summaries)
         if rest:
-            lasts.append(
-                sa.select(m.run_id, m.name, sa.func.max(m.step).label("step"))
-                .where(m.run_id.in_(rest))
-                .group_by(m.run_id, m.name)
+            from_rows = sa.select(m.run_id, m.name, sa.func.max(m.step).label("step")).where(
+                m.run_id.in_(rest)
             )
+            if names is not None:
+                from_rows = from_rows.where(m.name.in_([str(n) for n in names]))
+            lasts.append(from_rows.group_by(m.run_id, m.name))
         last = (lasts[0] if len(lasts) == 1 else sa.union_all(*lasts)).subquery()
         query = (
             sa.select(m.run_id, m.name, m.step, m.value)

@@ -1,13 +1,15 @@
-"""Run page: one attempt of one (arm, seed) — what it changed, how it went, how to rerun it."""
+"""Run page: one attempt of one (arm, seed) — what it changed, how it went (its progress while
+it trains, its own curves), how to rerun it."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from dapo_common.util import duration
-from dashboard import configs, notes, shaping, widgets
+from dashboard import configs, notes, progress, run_curves, shaping, widgets
 from db import annotations as ann
-from db import reads, table_format
+from db import live as in_flight
+from db import reads, run_index, table_format
 
 st.title("Run")
 engine = widgets.store()
@@ -19,14 +21,18 @@ run = reads.run_details(engine, run_id)
 st.subheader(f"{run['arm']} · seed {run['seed']} · attempt {run['attempt']}")
 target = ann.Target(int(run["sweep_id"]), run_id)
 notes.show(engine, target)
-cols = st.columns(5)
-cols[0].metric("status", shaping.status_badge(run["status"]))
-cols[1].metric("steps", "—" if run["steps"] is None else f"{int(run['steps']):,}")
-cols[2].metric(
+# The status as a line of its own: a metric tile cut "✔ completed" to "✔ comple…" at 1440 px.
+st.markdown(f"**Status:** {shaping.status_badge(run['status'])}")
+cols = st.columns(4)
+cols[0].metric("steps", "—" if run["steps"] is None else f"{int(run['steps']):,}")
+cols[1].metric(
     "grad updates", "—" if run["grad_updates"] is None else f"{int(run['grad_updates']):,}"
 )
-cols[3].metric("tokens", "—" if run["tokens"] is None else f"{int(run['tokens']):,}")
-cols[4].metric("wall time", duration(run["wall_s"], compact=True, missing=table_format.MISSING))
+cols[2].metric("tokens", "—" if run["tokens"] is None else f"{int(run['tokens']):,}")
+cols[3].metric("wall time", duration(run["wall_s"], compact=True, missing=table_format.MISSING))
+if run["status"] == "running":
+    # how far it is, from the steps it has stored (db.live), and when it should end
+    progress.show_running(in_flight.run_progress(engine, [run_id]), key="run-progress")
 
 if run["status"] == "failed":
     error = str(run.get("error") or "no error message recorded")
@@ -82,6 +88,12 @@ else:
             for c in ("avg_at_k", "pass_at_k", "cons_at_k")
         },
     )
+
+st.subheader("Curves of this run")
+this = run_index.run_index(engine, [run_id])
+run_curves.draw(
+    engine, this, {run_id: f"{run['arm']} s{run['seed']}"}, key="run-curves", n_title="runs"
+)
 
 if run["sweep_id"] is not None:
     st.subheader("Attempts of this arm")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import layout, notes, shaping, widgets
+from dashboard import layout, notes, progress, shaping, widgets
 from db import ablation, table_format
 from db import annotations as ann
+from db import live as in_flight
 
 st.title("Sweeps")
 engine = widgets.store()
@@ -32,11 +33,26 @@ def sweeps_body() -> None:
     page = listable[:size] if size is not None else listable
     sweeps = notes.with_sweep_annotations(ablation.list_sweeps(engine, among=page), engine)
     sweeps = sweeps.sort_values("sweep_id", ascending=False)
+    # Progress in steps: the running runs' last stored step counts, not only finished runs
+    # (db.live: a read per running run, whatever the store holds).
+    steps = in_flight.run_progress(engine, in_flight.running_runs(engine, page))
+    running = steps.groupby("sweep_id").size() if not steps.empty else {}
     frame = sweeps.assign(
         open="./?sweep=" + sweeps["sweep_id"].astype(str),
         status=sweeps["status"].map(shaping.status_badge),
-        progress=sweeps["runs_done"] / sweeps["arms_total"].where(sweeps["arms_total"] > 0),
-        runs=sweeps["runs_done"].astype(str) + " / " + sweeps["arms_total"].astype(str),
+        progress=[
+            in_flight.sweep_fraction(int(done), int(total), steps, int(sweep_id))
+            for done, total, sweep_id in zip(
+                sweeps["runs_done"], sweeps["arms_total"], sweeps["sweep_id"], strict=True
+            )
+        ],
+        runs=[
+            f"{int(done)} / {int(total)}"
+            + (f" · {int(running[int(i)])} running" if int(i) in running else "")
+            for done, total, i in zip(
+                sweeps["runs_done"], sweeps["arms_total"], sweeps["sweep_id"], strict=True
+            )
+        ],
         best_arm=sweeps["best_arm"].fillna("—"),
         headline=sweeps["leader"].map(table_format.headline),
     )
@@ -50,6 +66,9 @@ def sweeps_body() -> None:
         column_order=layout.SWEEP_ORDER,
         column_config=layout.sweep_columns(),
     )
+    if not steps.empty:
+        st.markdown("**Running now**")
+        progress.show_running(steps, key="sweeps-running")
     left_out = len(ids) - len(listable)
     st.caption(
         f"{len(sweeps)} sweep(s)"
