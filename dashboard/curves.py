@@ -379,3 +379,32 @@ def final_values(
     wide = wide.reindex(columns=list(run_ids))
     wide.columns = list(labels)
     return wide.reset_index(names="metric").sort_values("metric").reset_index(drop=True)
+
+
+def final_text(finals: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
+    """final_values' two columns as text in each metric's shown unit, with B − A (a share's
+    difference in percentage points): metric (its display name), key, A, B, B − A. A value
+    logged as NaN reads '—'."""
+    rows = []
+    for row in finals.to_dict("records"):
+        key = str(row["metric"])
+        shown = metric_display.display(key)
+        a, b = row[name_a], row[name_b]
+        delta = b - a if not (pd.isna(a) or pd.isna(b)) else np.nan
+        if pd.isna(delta):
+            change = "—"
+        elif shown.unit == metric_display.PERCENT:
+            change = f"{delta * shown.scale:+.1f} pp"
+        else:
+            change = metric_display.text(key, delta)
+            change = change if change.startswith("-") else f"+{change}"
+        rows.append(
+            {
+                "metric": shown.name,
+                "key": key,
+                name_a: metric_display.text(key, a),
+                name_b: metric_display.text(key, b),
+                "B − A": change,
+            }
+        )
+    return pd.DataFrame(rows, columns=["metric", "key", name_a, name_b, "B − A"])

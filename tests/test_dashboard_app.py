@@ -167,9 +167,11 @@ def test_every_view_of_an_empty_store_is_friendly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DAPO_DB_URL", f"sqlite:///{tmp_path / 'empty.db'}")
-    for page in (None, "sweeps", "curves", "mechanisms", "grid", "rollouts", "run", "compare"):
+    pages = (None, "sweeps", "curves", "mechanisms", "grid", "rollouts", "runs", "run", "compare")
+    for page in pages:
         at = open_page(page)
-        assert widgets.NO_SWEEPS in [i.value for i in at.info], page
+        # said once a page (Compare's two run pickers once said it twice)
+        assert [i.value for i in at.info].count(widgets.NO_SWEEPS) == 1, page
         assert not at.error, page
 
 
@@ -323,11 +325,17 @@ def test_compare_two_runs(fixture_store: fx.FixtureStore) -> None:
     at = open_page("compare", a=a, b=b)
     diff = at.dataframe[0].value
     assert list(diff["key"]) == ["algo.clip_high", "algo.overlong_filter", "arm"]
-    finals = at.dataframe[1].value.set_index("metric")
-    # acc at the last step (4): 0.1 + 0.05 * arm_index + 0.1 * 4 -> grpo 0.5, clip_higher 0.6
+    finals = at.dataframe[1].value.set_index("key")
+    # acc at the last step (4): 0.1 + 0.05 * arm_index + 0.1 * 4 -> grpo 0.5, clip_higher 0.6,
+    # in percent as the tables show it (this page once showed 0.4336 above a table's 43.4)
     acc = finals.loc["acc/mean"]
-    assert acc.iloc[0] == pytest.approx(0.5) and acc.iloc[1] == pytest.approx(0.6)
-    assert acc["B − A"] == pytest.approx(0.1)
+    assert acc["metric"] == "training accuracy"
+    assert (acc.iloc[1], acc.iloc[2], acc["B − A"]) == ("50.0%", "60.0%", "+10.0 pp")
+    # entropy in nats: 1.5 − 0.4 = 1.1 and, with Clip-Higher, 1.3
+    entropy = finals.loc["entropy/mean"]
+    assert (entropy.iloc[1], entropy.iloc[2], entropy["B − A"]) == (
+        "1.1 nats", "1.3 nats", "+0.2 nats",
+    )  # fmt: skip
     evals = at.dataframe[2].value
     assert len(evals) == 6  # three evaluations per run: start, mid-run, final
     final_a = evals[(evals["run"].str.startswith("A:")) & (evals["step"] == fx.STEPS - 1)]

@@ -1,6 +1,7 @@
-"""The rollout browser's group view and the compare page's curves across sweeps, run headless by
-streamlit's AppTest against small known stores; every number asserted is worked out by hand in
-a comment from the rows written here (or from tests/dashboard_fixtures.py). The group view's
+"""The rollout browser's group view, run headless by streamlit's AppTest against a small known
+store; every number asserted is worked out by hand in a comment from the rows written here (or
+from tests/dashboard_fixtures.py). Runs of several sweeps together: test_dashboard_runs.py. The
+group view's
 per-token colouring is also opened in headless Chromium (skipped without it, as in
 test_dashboard_browser), its screenshot kept as tests/artifacts/rollout-tokens.png."""
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import dashboard_fixtures as fx
 import pytest
+from store_runs import new_attempt
 from streamlit.testing.v1 import AppTest
 
 from dapo_core.train.rollout import advantages_by_group
@@ -91,9 +93,7 @@ def group_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     sweep_id = store.create_sweep(
         name="groups", preset="tiny", arms=["dapo"], seeds=[0], base_config=config, ladder=[]
     )
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm="dapo", seed=0, config=config, config_hash="h", host="test-host"
-    )
+    run_id = new_attempt(store, sweep_id, "dapo", 0, config=config, config_hash="h")
     with store.sink(run_id) as sink:
         sink.log_samples(1, GROUP_SAMPLES)
         sink.log_samples(0, [{k: v for k, v in s.items() if k != "tokens"} for s in GROUP_SAMPLES])
@@ -296,80 +296,3 @@ class _Group:
 
     def __init__(self, n: int) -> None:
         self.rollouts = [object()] * n
-
-
-# --- compare: curves across sweeps -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ladder_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
-    path = tmp_path_factory.mktemp("cross-sweep-store") / "store.db"
-    return fx.build_store(f"sqlite:///{path}")
-
-
-def series_of(store: fx.FixtureStore, arm: str, *, other: bool = False) -> str:
-    """The compare page's label of (sweep, arm): the ladder sweep, or tiny-check (`other`)."""
-    sweep = f"#{store.other_sweep_id} tiny-check" if other else f"#{store.sweep_id} ladder"
-    return f"{sweep} · {arm}"
-
-
-def test_compare_overlays_arms_of_two_sweeps(
-    ladder_store: fx.FixtureStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ids = ladder_store.run_ids
-    # Run A in the ladder sweep, run B in tiny-check (its run ids follow the ladder's 12).
-    a, b = ids[("grpo", 0)], max(ids.values()) + 1
-    at = open_page(ladder_store.url, "compare", monkeypatch, a=a, b=b)
-    # The sweeps of the two runs, and their two arms, are the starting point.
-    assert sorted(at.multiselect(key="xs-sweeps").value) == sorted(
-        [ladder_store.sweep_id, ladder_store.other_sweep_id]
-    )
-    grpo_ladder, grpo_check = (
-        series_of(ladder_store, "grpo"),
-        series_of(ladder_store, "grpo", other=True),
-    )
-    assert at.multiselect(key="xs-series").value == [grpo_ladder, grpo_check]
-    at.multiselect(key="xs-series").select(series_of(ladder_store, "clip_higher")).run()
-    at.selectbox(key="xs-metric").set_value("acc/mean").run()
-    assert not at.exception, [e.value for e in at.exception]
-    last = at.dataframe[-1].value.set_index("series")
-    # acc/mean at the last step (4) = 0.1 + 0.05·arm index + 0.1·4 + 0.01·seed:
-    # ladder grpo seeds 0, 1 -> (0.50 + 0.51) / 2 = 0.505; tiny-check grpo (seed 0 only) 0.50;
-    # ladder clip_higher (index 2) -> (0.60 + 0.61) / 2 = 0.605.
-    assert last.loc[grpo_ladder, "mean"] == pytest.approx(0.505)
-    assert last.loc[grpo_ladder, "seeds"] == 2
-    assert last.loc[grpo_check, "mean"] == pytest.approx(0.50)
-    assert last.loc[grpo_check, "seeds"] == 1
-    assert last.loc[series_of(ladder_store, "clip_higher"), "mean"] == pytest.approx(0.605)
-    assert set(last["step"]) == {fx.STEPS - 1}
-
-    # Only runs whose config has Clip-Higher's ε_high: of the three series, clip_higher.
-    at.text_input(key="xs-filter").input("algo.clip_high=0.28").run()
-    last = at.dataframe[-1].value
-    assert last["series"].tolist() == [series_of(ladder_store, "clip_higher")]
-    # Overlong filtering is on from its own arm on (cumulative): clip_higher has it too.
-    at.text_input(key="xs-filter").input("algo.overlong_filter=true").run()
-    assert at.dataframe[-1].value["series"].tolist() == [series_of(ladder_store, "clip_higher")]
-    # A filter no chosen run matches (only dapo samples dynamically) says so; a malformed one
-    # is a warning, not a failure.
-    at.text_input(key="xs-filter").input("algo.dynamic_sampling=true").run()
-    assert any("No runs of these arms with algo.dynamic_sampling" in i.value for i in at.info)
-    at.text_input(key="xs-filter").input("clip_high").run()
-    assert any("write it as key=value" in w.value for w in at.warning)
-    assert not at.exception
-
-
-def test_config_filter_values_are_typed() -> None:
-    from dashboard import sweep_compare as sc
-
-    assert sc.parse_filter("  ") is None
-    assert sc.parse_filter("algo.clip_high = 0.28") == ("algo.clip_high", 0.28)
-    assert sc.parse_filter("algo.loss_agg=token-mean") == ("algo.loss_agg", "token-mean")
-    config = {"algo": {"clip_high": 0.28, "dynamic_sampling": True, "loss_agg": "token-mean"}}
-    assert sc.matches(config, "algo.clip_high", 0.28)
-    assert sc.matches(config, "algo.clip_high", "0.28")
-    assert not sc.matches(config, "algo.clip_high", 0.2)
-    assert sc.matches(config, "algo.dynamic_sampling", True)
-    assert not sc.matches(config, "algo.dynamic_sampling", 1)  # true is not the number 1
-    assert sc.matches(config, "algo.loss_agg", "token-mean")
-    assert not sc.matches(config, "algo.kl_coef", 0.0)  # a key the config lacks

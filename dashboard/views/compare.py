@@ -1,17 +1,19 @@
-"""Compare: any two runs side by side — config diff, final metrics, evaluations — then the
-curves of arms from several sweeps overlaid (dashboard.sweep_compare)."""
+"""Compare: any two runs side by side — config diff, final metrics, evaluations and curves, in
+the units the tables use. Runs of several sweeps together: the Runs page."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from dapo_common import metric_names
-from dashboard import configs, curves, notes, sweep_compare, widgets
-from db import ablation, reads
+from dashboard import configs, curves, run_curves, widgets
+from db import ablation, reads, run_index
 
 st.title("Compare two runs")
 engine = widgets.store()
+if ablation.sweep_choices(engine).empty:  # said once here, not once per picker
+    st.info(widgets.NO_SWEEPS)
+    st.stop()
 left_col, right_col = st.columns(2)
 with left_col:
     run_a = widgets.pick_run(engine, key="compare-a", param="a", label="Run A")
@@ -39,8 +41,14 @@ finals = curves.final_values(
 if finals.empty:
     st.info("Neither run has logged metrics yet.")
 else:
-    finals["B − A"] = finals[name_b] - finals[name_a]
-    st.dataframe(finals, hide_index=True, width="stretch")
+    # in each metric's shown unit (a share in %, its difference in pp), as every table shows it
+    st.dataframe(
+        curves.final_text(finals, name_a, name_b),
+        hide_index=True,
+        width="stretch",
+        column_config={"metric": st.column_config.TextColumn("metric", width="medium")},
+    )
+    st.caption("Each metric at its own last logged step; shares in %, their B − A in pp.")
 
 st.subheader("Evaluations")
 frames = []
@@ -64,84 +72,11 @@ if frames:
         },
     )
 
-# --- curves across sweeps -----------------------------------------------------------------
-st.subheader("Curves across sweeps")
-every_sweep = ablation.sweep_choices(engine)  # labels only, not every sweep's table
-every_sweep = notes.with_sweep_annotations(every_sweep, engine)
-sweep_labels = {int(r["sweep_id"]): widgets.sweep_label(r) for _, r in every_sweep.iterrows()}
-both_sweeps = sorted({int(a["sweep_id"]), int(b["sweep_id"])})
-hidden = {int(s) for s, h in zip(every_sweep["sweep_id"], every_sweep["hidden"], strict=True) if h}
-# hidden sweeps only with the sidebar's switch on (the two runs' own sweeps are always offered)
-offered = notes.visible(sweep_labels, hidden, show=notes.show_hidden(), keep=both_sweeps)
-picked_sweeps = st.multiselect(
-    "Sweeps",
-    offered,
-    default=both_sweeps,
-    format_func=lambda i: sweep_labels[i],
-    key="xs-sweeps",
-)
-across = reads.runs_of_sweeps(engine, picked_sweeps)
-options = sweep_compare.series_options(across)
-if not options:
-    st.info("Pick sweeps that have runs.")
-    st.stop()
-names = dict(zip(across["sweep_id"].astype(int), across["sweep_name"], strict=True))
-# The two runs above, as (sweep, arm) series, are the starting point.
-default_series = [
-    label
-    for label in (
-        sweep_compare.series_label(r["sweep_id"], names.get(int(r["sweep_id"]), ""), r["arm"])
-        for r in (a, b)
-    )
-    if label in options
-]
-series = st.multiselect(
-    "Arms (sweep · arm)", options, default=list(dict.fromkeys(default_series)), key="xs-series"
-)
-c1, c2, c3 = st.columns([2, 1, 1])
-where_text = c1.text_input(
-    "Only runs whose config has",
-    key="xs-filter",
-    placeholder="algo.clip_high=0.28",
-    help="One dotted config key = value; the value is read as JSON where it parses "
-    "(0.28, true, null), else as text.",
-)
-x_axes = dict(metric_names.X_AXES)
-# The paper's x-axis, gradient updates, as on the curves page.
-x_label = c2.selectbox(
-    "x-axis", list(x_axes), index=list(x_axes.values()).index(metric_names.GRAD_UPDATES), key="xs-x"
-)
-try:
-    where = sweep_compare.parse_filter(where_text)
-except ValueError as error:
-    st.warning(str(error))
-    where = None
-chosen = sweep_compare.series_runs(across, series, where)
-if chosen.empty:
-    st.info("No runs of these arms" + (f" with {where[0]} = {where[1]!r}." if where else "."))
-    st.stop()
-run_ids = [int(r) for r in chosen["run_id"]]
-available = reads.metric_names(engine, run_ids)
-if not available:
-    st.info("These runs have not logged metrics yet.")
-    st.stop()
-headline = [m for m in metric_names.HEADLINE if m in available]
-metric = c3.selectbox(
-    "Metric", available, index=available.index((headline or available)[0]), key="xs-metric"
-)
-x_metric: str | None = x_axes[x_label]
-long = reads.metric_curves(engine, run_ids, names=[metric, x_metric])
-if x_metric not in set(long["name"]):
-    st.warning(f"`{x_metric}` was not logged: plotting against the rollout step instead.")
-    x_metric, x_label = None, "rollout step"
-band = curves.curve_band(sweep_compare.labelled_curves(long, chosen), [metric], x_metric, 0.0)
-shown = [s for s in series if s in set(band["arm"])]
-if band.empty:
-    st.info(f"No values of `{metric}` for these runs.")
-    st.stop()
-st.altair_chart(curves.band_chart(band, metric, shown, x_label, height=320), width="stretch")
-st.dataframe(sweep_compare.last_values(band, shown), hide_index=True, width="stretch")
-st.caption(
-    "One line per (sweep, arm): the mean over its seeds (latest attempt of each), band = the "
-    "95% t-interval over seeds (none with one seed)."
+st.subheader("Curves")
+both_runs = run_index.run_index(engine, [run_a, run_b])
+lines = {run_a: name_a, run_b: name_b}
+run_curves.draw(engine, both_runs, lines, key="compare-curves")
+st.markdown(
+    "Runs of several sweeps on one chart, grouped by any config key with their seeds in a "
+    "band: the [Runs](runs) page."
 )
