@@ -17,7 +17,9 @@ import pandas as pd
 
 from db import mechanisms, stats, table_format
 
-PLOT_COLUMNS = ["arm", "x", "series", "mean", "low", "high", "n", "role", "text"]
+PLOT_COLUMNS = ["arm", "label", "x", "series", "mean", "low", "high", "n", "role", "text"]
+SCORE_DOMAIN = [0.0, 100.0]  # a held-out score is a share: its axis spans what it can be
+MIN_ZOOM_SPAN_PP = 10.0  # a zoomed share axis is never narrower than this (percentage points)
 BASE, POINT = "base arm", "grid point"
 ONE_SERIES = "all"
 
@@ -58,12 +60,18 @@ def value_name(value: Any) -> str:
 
 
 def plot_frame(
-    grid: pd.DataFrame, x_key: str, column: str = "score", *, metric: str | None = None
+    grid: pd.DataFrame,
+    x_key: str,
+    column: str = "score",
+    *,
+    metric: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Long frame (PLOT_COLUMNS) of one statistic against `x_key`: per grid arm its x, its
-    series (the other keys' values), the mean and 95% interval in display units (scores and
-    fraction metrics in percent), n, and whether it is the base arm. Sorted by series, then x;
-    arms without a value (no completed seed yet) are left out."""
+    """Long frame (PLOT_COLUMNS) of one statistic against `x_key`: per grid arm its label
+    (`labels`, arm_labels': what varies; else its name), x, its series (the other keys'
+    values), the mean and 95% interval in display units (scores and fraction metrics in
+    percent), n, and whether it is the base arm. Sorted by series, then x; arms without a
+    value (no completed seed yet) are left out."""
     keys = list(grid["point"].iloc[0]) if len(grid) else []
     others = [k for k in keys if k != x_key]
     scale = 100.0 if column == "score" else mechanisms.scale(metric or "")
@@ -77,6 +85,7 @@ def plot_frame(
         rows.append(
             {
                 "arm": str(record["arm"]),
+                "label": (labels or {}).get(str(record["arm"]), str(record["arm"])),
                 "x": number if number is not None else value_name(x),
                 "series": series_label(record["point"], others),
                 "mean": scale * estimate.mean,
@@ -130,26 +139,64 @@ def _sort_key(x: Any) -> tuple[int, float, str]:
     return (0, number, "") if number is not None else (1, 0.0, str(x))
 
 
-def grid_chart(frame: pd.DataFrame, x_title: str, y_title: str, title: str) -> alt.LayerChart:
+def y_domain(frame: pd.DataFrame, *, score: bool, share: bool, zoom: bool) -> list[float] | None:
+    """The y axis of a grid chart, by one rule (the Grid page's caption says it):
+
+    - the held-out `score`, not zoomed: 0 to 100 %, what a score can be, so that a gap is read
+      against the whole scale (zoomed to 40-46 %, a 1.5 pp gap between two means looked like a
+      trend);
+    - a training metric, not zoomed: None, an axis from 0 (Vega-Lite's zero=True), so that
+      sizes compare as sizes (a clip ratio of 1-3 % would be a flat line on 0-100 %);
+    - zoomed: the points and their 95% whiskers, padded by a tenth of their span; a `share`
+      (or the score) never narrower than MIN_ZOOM_SPAN_PP and kept within 0-100: the noise
+      stays in view with the means, so a gap within the whiskers looks like one."""
+    if not zoom:
+        return list(SCORE_DOMAIN) if score else None
+    values = pd.concat([frame["mean"], frame["low"], frame["high"]]).dropna()
+    if values.empty:
+        return list(SCORE_DOMAIN) if score else None
+    low, high = float(values.min()), float(values.max())
+    pad = 0.1 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
+    low, high = low - pad, high + pad
+    if score or share:
+        if high - low < MIN_ZOOM_SPAN_PP:
+            middle = (low + high) / 2
+            low, high = middle - MIN_ZOOM_SPAN_PP / 2, middle + MIN_ZOOM_SPAN_PP / 2
+        shift = max(0.0 - low, 0.0) - max(high - 100.0, 0.0)
+        low, high = max(low + shift, 0.0), min(high + shift, 100.0)
+    return [low, high]
+
+
+def grid_chart(
+    frame: pd.DataFrame,
+    x_title: str,
+    y_title: str,
+    title: str,
+    *,
+    domain: Sequence[float] | None = None,
+    number: str = ".1f",
+) -> alt.LayerChart:
     """Lines through the points of each series, a 95% whisker per point (none for n = 1),
-    the base arm as a diamond."""
+    the base arm as a diamond. `domain`: the y axis (y_domain); None includes 0. `number`:
+    the d3 format of the values in the tooltip."""
     quantitative = numeric(frame)
     # ticks at the swept values only: a grid's values are the only x that exist
     xs = sorted({float(x) for x in frame["x"]}) if quantitative else []
     # pad the domain so the end points and their whiskers are not cut in half by the frame
     pad = 0.08 * ((xs[-1] - xs[0]) or abs(xs[0]) or 1.0) if xs else 0.0
-    domain = [xs[0] - pad, xs[-1] + pad] if xs else []
+    x_domain = [xs[0] - pad, xs[-1] + pad] if xs else []
     x = (
         alt.X(
             "x:Q",
             title=x_title,
-            scale=alt.Scale(domain=domain, nice=False),
+            scale=alt.Scale(domain=x_domain, nice=False),
             axis=alt.Axis(values=xs),
         )
         if quantitative
         else alt.X("x:N", title=x_title, sort=list(dict.fromkeys(frame["x"])))
     )
-    y = alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False))
+    y_scale = alt.Scale(domain=list(domain), nice=False) if domain else alt.Scale(zero=True)
+    y = alt.Y("mean:Q", title=y_title, scale=y_scale)
     series = list(dict.fromkeys(frame["series"]))
     colour = alt.Color(
         "series:N",
@@ -158,12 +205,19 @@ def grid_chart(frame: pd.DataFrame, x_title: str, y_title: str, title: str) -> a
         title=None if series == [ONE_SERIES] else "other keys",
         legend=None if series == [ONE_SERIES] else alt.Legend(),
     )
-    tooltip = ["arm", alt.Tooltip("text:N", title="value [95% interval]"), "n", "role"]
-    line = alt.Chart(frame).mark_line(strokeWidth=2).encode(x=x, y=y, color=colour)
+    tooltip = [
+        alt.Tooltip("label:N", title="point"),
+        alt.Tooltip("mean:Q", title="mean", format=number),
+        alt.Tooltip("text:N", title="value [95% interval]"),
+        "n",
+        "role",
+        "arm",
+    ]
+    line = alt.Chart(frame).mark_line(strokeWidth=2, clip=True).encode(x=x, y=y, color=colour)
     whiskers = (
         alt.Chart(frame.dropna(subset=["low", "high"]))
-        .mark_errorbar(ticks={"size": 10}, thickness=1.5)
-        .encode(x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q", color=colour)
+        .mark_errorbar(ticks={"size": 10}, thickness=1.5, clip=True)
+        .encode(x=x, y=alt.Y("low:Q", title=y_title, scale=y_scale), y2="high:Q", color=colour)
     )
     shape = alt.Shape(
         "role:N", scale=alt.Scale(domain=[BASE, POINT], range=["diamond", "circle"]), title=None
@@ -171,7 +225,7 @@ def grid_chart(frame: pd.DataFrame, x_title: str, y_title: str, title: str) -> a
     size = alt.Size("role:N", scale=alt.Scale(domain=[BASE, POINT], range=[260, 90]), legend=None)
     points = (
         alt.Chart(frame)
-        .mark_point(filled=True, opacity=1)
+        .mark_point(filled=True, opacity=1, clip=True)
         .encode(x=x, y=y, color=colour, shape=shape, size=size, tooltip=tooltip)
     )
     label = (

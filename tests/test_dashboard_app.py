@@ -444,11 +444,28 @@ def test_grid_page_plots_the_score_against_the_swept_value(
         [0.28, "clip_low=0.2", pytest.approx(46.0), "base arm"],
         [0.32, "clip_low=0.2", pytest.approx(44.0), "grid point"],
     ]
-    assert scores["final (%) [95% interval]"].iloc[4] == "46.0 [43.5, 48.5]"
+    assert scores["text"].iloc[4] == "46.0 [43.5, 48.5]"
     # clip_high 0.32 / clip_low 0.2 spreads 2 points: ± 4.97
-    assert scores["final (%) [95% interval]"].iloc[5] == "44.0 [39.0, 49.0]"
+    assert scores["text"].iloc[5] == "44.0 [39.0, 49.0]"
+    # each point named by what varies, the base marked; not by names cut to one prefix
+    assert scores["label"].tolist()[3:5] == [
+        "clip_high=0.24, clip_low=0.2",
+        "clip_high=0.28, clip_low=0.2 (base)",
+    ]
     charts = at.get("vega_lite_chart")
     assert len(charts) == 1 and "algo.clip_high" in charts[0].proto.spec
+    # an honest axis: the score is a share, 0 to 100 %; zoomed, the whiskers stay in view
+    y = json.loads(charts[0].proto.spec)["layer"][0]["encoding"]["y"]
+    assert y["scale"]["domain"] == [0.0, 100.0] and y["title"] == "held-out avg@4 (%)"
+    at.toggle(key="grid-zoom").set_value(True).run()
+    low, high = json.loads(at.get("vega_lite_chart")[0].proto.spec)["layer"][0]["encoding"]["y"][
+        "scale"
+    ]["domain"]
+    # the lowest whisker 36 − 2.4841 = 33.5159, the highest 44 + 4.9683 = 48.9683: a span of
+    # 15.4524, padded by a tenth of it (1.5452) on each side
+    assert (low, high) == (pytest.approx(33.5159 - 1.5452, abs=1e-3),
+                           pytest.approx(48.9683 + 1.5452, abs=1e-3))  # fmt: skip
+    at.toggle(key="grid-zoom").set_value(False).run()
 
     # a training metric too: clip_ratio/high over the last 2 steps, in %
     at.selectbox(key="grid-metric").set_value("clip_ratio/high")
@@ -456,7 +473,11 @@ def test_grid_page_plots_the_score_against_the_swept_value(
     assert not at.exception
     values = at.dataframe[1].value
     assert values["mean"].tolist() == pytest.approx([3.1, 2.1, 1.1, 3.1, 2.1, 1.1])
-    assert values["clip_ratio/high (%) [95% interval]"].iloc[4] == "2.10 [1.85, 2.35]"
+    assert values["text"].iloc[4] == "2.10 [1.85, 2.35]"
+    # a metric's axis starts at 0 (its shares are small: 0-100 % would flatten them)
+    metric_y = json.loads(at.get("vega_lite_chart")[1].proto.spec)["layer"][0]["encoding"]["y"]
+    assert metric_y["scale"] == {"zero": True}
+    assert metric_y["title"] == "tokens clipped at 1 + ε_high (%)"
     assert len(at.get("vega_lite_chart")) == 2
 
     # the other key on x: one line per clip_high

@@ -1,8 +1,7 @@
 """The rollout browser's group view, run headless by streamlit's AppTest against a small known
 store; every number asserted is worked out by hand in a comment from the rows written here (or
 from tests/dashboard_fixtures.py). Runs of several sweeps together: test_dashboard_runs.py. The
-group view's
-per-token colouring is also opened in headless Chromium (skipped without it, as in
+group view's per-token colouring is also opened in headless Chromium (skipped without it, as in
 test_dashboard_browser), its screenshot kept as tests/artifacts/rollout-tokens.png."""
 
 from __future__ import annotations

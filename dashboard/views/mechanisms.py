@@ -5,7 +5,8 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboard import layout, mechanisms, widgets
+from dapo_common import metric_display
+from dashboard import grids, layout, mechanisms, widgets
 from db import mechanisms as mech_text
 from db import reads
 from db.mechanism_table import mechanism_table
@@ -103,14 +104,34 @@ st.download_button(
 )
 
 st.subheader("One metric across arms")
-metric = st.selectbox("Metric", mechanisms.metrics(table), key="mech-plot-metric")
+metric = st.selectbox(
+    "Metric",
+    mechanisms.metrics(table),
+    key="mech-plot-metric",
+    format_func=lambda m: f"{metric_display.display(m).name} · {m}",
+)
 summary_frame = mechanisms.metric_summary(table, str(metric))
 if summary_frame.empty:
     st.info(f"No completed run logged `{metric}`.")
 else:
-    order = mechanisms.arms(table)
-    label = mech_text.metric_label(str(metric))
-    x = alt.X("arm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
+    # A grid's arms by what varies ("clip_high=0.24"): their names share a long prefix, and
+    # an axis cut them to the same first letters.
+    arm_label = grids.arm_labels(reads.sweep_details(engine, sweep_id)["ladder"])
+    summary_frame = grids.relabel(summary_frame, arm_label)
+    order = [arm_label.get(a, a) for a in mechanisms.arms(table)]
+    # the axis title by display name and unit; the values are in the table's unit above
+    # (db.mechanisms), which is the display table's wherever the two agree on the factor
+    label = (
+        metric_display.label(str(metric))
+        if mech_text.scale(str(metric)) == metric_display.scale(str(metric))
+        else mech_text.metric_label(str(metric))
+    )
+    x = alt.X(
+        "arm:N",
+        sort=order,
+        title=None,
+        axis=alt.Axis(labelAngle=0 if len(order) <= 6 else -30, labelLimit=320),
+    )
     colour = alt.Color(
         "focus:N",
         scale=alt.Scale(domain=["its change is about it", "other"], range=["#e8a200", "#4c78a8"]),
@@ -132,7 +153,7 @@ else:
         .encode(x=x, y=alt.Y("first:Q", title=label), tooltip=["arm", "first"])
     )
     seeds = (
-        alt.Chart(mechanisms.metric_points(table, str(metric)))
+        alt.Chart(grids.relabel(mechanisms.metric_points(table, str(metric)), arm_label))
         .mark_circle(size=50, color="#1f3b57")
         .encode(x=x, y=alt.Y("value:Q", title=label), tooltip=["arm", "seed", "value"])
     )
