@@ -326,8 +326,10 @@ class RunConfig:
     """`auto` (cuda if available), `cpu` or `cuda`."""
     num_threads: int = 0
     """torch CPU threads (0: torch's default)."""
-    samples_per_step: int = 4
-    """Rollouts kept in the store per step for the dashboard's browser."""
+    samples_per_step: int = 16
+    """Rollouts kept in the store per step for the dashboard's rollout browser, at most: whole
+    groups (a prompt's G responses, evenly spaced over the step's groups) as many as fit, e.g.
+    2 groups of G = 8; below G, that many single responses."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk: the last K, plus the best evaluation's, the one `latest` names
     and the one this start resumed from (a 7B checkpoint is ~106 GiB); 0 keeps every one."""

@@ -431,8 +431,20 @@ def batch_rows(
 
 
 def kept_positions(groups: Sequence[Group], k: int) -> list[tuple[int, int]]:
-    """(group index in `groups`, member) of the k rollouts keep_samples keeps: evenly spaced
-    over the step's responses, group by group."""
+    """(group index in `groups`, member) of the at most k rollouts keep_samples keeps.
+
+    Whole groups when k holds one (k >= G): k // G groups evenly spaced over the step's
+    generated groups, every member of each, so that a reader sees a prompt's G responses side
+    by side with their advantages (GRPO's unit of comparison; a group of which one response is
+    stored says nothing about its spread). Below G, k responses evenly spaced over the step's,
+    group by group."""
+    if not groups or k <= 0:
+        return []
+    size = max(len(g.rollouts) for g in groups)
+    if k >= size:
+        n = min(k // size, len(groups))
+        picked = [i * len(groups) // n for i in range(n)]
+        return [(gi, j) for gi in picked for j in range(len(groups[gi].rollouts))]
     rs = [(gi, j) for gi, g in enumerate(groups) for j in range(len(g.rollouts))]
     k = min(k, len(rs))
     return [rs[i * len(rs) // k] for i in range(k)]
@@ -477,7 +489,8 @@ def keep_samples(
     advantages: Mapping[int, Sequence[float]] | None = None,
     tokens: Mapping[tuple[int, int], dict[str, list[Any]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """k rollouts, evenly spaced over the step's responses (see MetricsSink.log_samples).
+    """At most k rollouts: whole groups when k holds one, else single responses (see
+    kept_positions and MetricsSink.log_samples).
 
     Each also says which of the step's groups it belongs to (`group`: its index in `groups`,
     `member`: its place in the group), so that a reader can put a prompt's responses side by
