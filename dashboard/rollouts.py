@@ -93,12 +93,51 @@ def _first_group(frame: pd.DataFrame) -> int:
     return min(groups) if groups else -1
 
 
+def advantage_text(advantage: Any) -> str:
+    """'+0.866'; '—' where the trainer recorded none (the group was not trained that step, or
+    the row is older than the record): never 'None' or 'nan' in a number column."""
+    return "—" if advantage is None or pd.isna(advantage) else f"{float(advantage):+.3f}"
+
+
 def group_table(group: pd.DataFrame) -> pd.DataFrame:
-    """One row per stored response of a group: reward, advantage, length, truncation."""
+    """One row per stored response of a group: reward, advantage (as text, '—' for none),
+    length, truncation."""
     frame = group[GROUP_COLUMNS].copy()
     frame["correct"] = frame["correct"].astype(bool)
     frame["truncated"] = frame["truncated"].astype(bool)
+    frame["advantage"] = frame["advantage"].map(advantage_text)
     return frame
+
+
+# What a group's verdicts say about its training signal (GRPO's advantage is 0 on a group whose
+# rewards are all equal; dynamic sampling keeps only the mixed ones).
+MIXED, ALL_RIGHT, ALL_WRONG, PARTIAL = "mixed", "all right", "all wrong", "partial"
+GROUP_FILTERS: dict[str, str | None] = {
+    "All groups": None,
+    "Mixed (0 < correct < G)": MIXED,
+    "All right": ALL_RIGHT,
+    "All wrong": ALL_WRONG,
+}
+
+
+def group_kind(group: pd.DataFrame, group_size: int | None) -> str:
+    """MIXED when its stored responses are both right and wrong; ALL_RIGHT / ALL_WRONG when
+    every one of its G responses is stored and they agree; PARTIAL when they agree but some
+    are not stored (the rest could differ)."""
+    correct = int(group["correct"].astype(bool).sum())
+    if 0 < correct < len(group):
+        return MIXED
+    whole = group_size is not None and len(group) >= group_size
+    if not whole:
+        return PARTIAL
+    return ALL_RIGHT if correct else ALL_WRONG
+
+
+def groups_summary(kinds: list[str]) -> str:
+    """'8 groups stored: 3 mixed, 4 all right, 1 all wrong'."""
+    counts = {k: kinds.count(k) for k in (MIXED, ALL_RIGHT, ALL_WRONG, PARTIAL) if k in kinds}
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return f"{len(kinds)} group(s) stored" + (f": {parts}" if parts else "")
 
 
 def group_title(group: pd.DataFrame, group_size: int | None) -> str:
@@ -124,8 +163,7 @@ def group_title(group: pd.DataFrame, group_size: int | None) -> str:
 def response_caption(sample: pd.Series) -> str:
     """The header of one response's column: verdict, reward, advantage, length, truncation."""
     verdict = "✔" if bool(sample["correct"]) else "✖"
-    advantage = sample["advantage"]
-    adv = "A —" if pd.isna(advantage) else f"A {float(advantage):+.3f}"
+    adv = f"A {advantage_text(sample['advantage'])}"
     cut = " · truncated" if bool(sample["truncated"]) else ""
     return (
         f"#{int(sample['idx'])} {verdict} · reward {float(sample['reward']):+.3g} · {adv} · "
@@ -150,3 +188,26 @@ def group_size(config: dict[str, Any]) -> int | None:
     """G of the run (rollout.group_size of its config), None when the config does not say."""
     size = (config.get("rollout") or {}).get("group_size")
     return int(size) if isinstance(size, int) else None
+
+
+RESPONSE_BOX_EM = 10  # a response's box scrolls beyond this height (about 9 lines of text)
+
+
+def boxed(inner_html: str) -> str:
+    """A response's HTML in a box of bounded height that scrolls, so that 16 groups of long
+    responses do not make a page of thousands of pixels."""
+    return (
+        f'<div class="dapo-response" style="max-height:{RESPONSE_BOX_EM}em;overflow-y:auto;'
+        'border:1px solid #e6e6e6;border-radius:4px;padding:0.3em">' + inner_html + "</div>"
+    )
+
+
+def plain_html(text: str) -> str:
+    """A response without a per-token record, as escaped text in the same box."""
+    from dashboard.token_colours import escape
+
+    return boxed(
+        '<div style="font-family:monospace;white-space:pre-wrap;font-size:0.85em">'
+        + escape(str(text), newlines=False)
+        + "</div>"
+    )

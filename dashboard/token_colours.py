@@ -44,6 +44,7 @@ NOT_IN_LOSS = "#e0e0e0"  # no ratio: the row was not in the loss (overlong filte
 # raw HTML block: written as numeric character references, which display the same and mean
 # nothing to either parser.
 _MARKDOWN_ACTIVE = "\\`*_[]#|~$"
+_HTML_ACTIVE = "&<>\"'"
 
 
 def has_tokens(record: object) -> bool:
@@ -138,12 +139,21 @@ def token_title(record: TokenRecord, i: int) -> str:
     )
 
 
-def escape(text: str) -> str:
-    """Text for our HTML inside st.markdown: HTML-escaped, Markdown's characters as numeric
-    references, a newline shown as ↵ and a line break (a raw one could end the HTML block)."""
-    out = html.escape(text, quote=True)
-    out = "".join(f"&#{ord(c)};" if c in _MARKDOWN_ACTIVE else c for c in out)
-    return out.replace("\r", "").replace("\t", "&#9;").replace("\n", "↵<br>")
+def escape(text: str, *, newlines: bool = True) -> str:
+    """Text for our HTML inside st.markdown: HTML's and Markdown's active characters as
+    numeric references, a newline shown as ↵ and a line break (a raw one could end the HTML
+    block; `newlines=False`: a line break only). One pass over the text: escaping the HTML
+    first and Markdown's characters after turned the '#' of an entity into one more reference
+    ("token's" read "token&#x27;s" on the page)."""
+    out = "".join(
+        html.escape(c, quote=True)
+        if c in _HTML_ACTIVE
+        else f"&#{ord(c)};"
+        if c in _MARKDOWN_ACTIVE
+        else c
+        for c in text.replace("\r", "")
+    )
+    return out.replace("\t", "&#9;").replace("\n", "↵<br>" if newlines else "<br>")
 
 
 def _attribute(text: str) -> str:
@@ -174,7 +184,7 @@ def _swatch(colour: str | None, label: str) -> str:
 def legend_html(mode: str, *, entropy_scale: float = 1.0) -> str:
     """A one-line legend of the colouring `mode`."""
     if mode == "ratio":
-        parts = [_swatch(ratio_colour(r), f"{r:g}") for r in (1 / 1.5, 0.8, 1.0, 1.28, 1.5)]
+        parts = [_swatch(ratio_colour(r), f"{r:.3g}") for r in (1 / 1.5, 0.8, 1.0, 1.28, 1.5)]
         parts.append(_swatch(NOT_IN_LOSS, "not in the loss"))
         text = "ratio π_θ/π_old at the token's update step in the last epoch:"
     elif mode == "clip":

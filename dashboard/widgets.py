@@ -130,7 +130,8 @@ def pick_run(
 ) -> int | None:
     """Pick a sweep, then one of its runs (newest attempt first); backed by query param `param`.
 
-    A run id in the URL wins and selects its sweep. Returns None when there is nothing to pick.
+    A run id in the URL wins and selects its sweep; else `?sweep=` (a link from a sweep's
+    pages) selects the sweep. Returns None when there is nothing to pick.
     """
     wanted = query_int(param)
     wanted_sweep: int | None = None
@@ -140,6 +141,8 @@ def pick_run(
         except ValueError:
             st.warning(f"No run with id {wanted}; pick one below.")
             wanted = None
+    if wanted is None:
+        wanted_sweep = query_int("sweep")
     sweep_id = pick_sweep(engine, key=f"{key}-sweep", param=None, preferred=wanted_sweep)
     if sweep_id is None:
         return None

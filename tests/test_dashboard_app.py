@@ -269,6 +269,15 @@ def test_rollouts_filter_and_reward_parts(fixture_store: fx.FixtureStore) -> Non
     assert "reward +0.75 = score +1 + overlong penalty -0.25" in texts(at)
 
 
+def test_rollouts_follow_the_sweep_in_the_url(fixture_store: fx.FixtureStore) -> None:
+    # the ladder is the older sweep: without ?sweep= the picker shows the newest (tiny-check)
+    at = open_page("rollouts", sweep=fixture_store.sweep_id)
+    assert at.selectbox(key="rollout-run-sweep").value == fixture_store.sweep_id
+    assert at.selectbox(key="rollout-run").value in fixture_store.run_ids.values()
+    at = open_page("rollouts")
+    assert at.selectbox(key="rollout-run-sweep").value == fixture_store.other_sweep_id
+
+
 # --- run page --------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import dashboard_fixtures as fx
 import pytest
+import rollout_fixtures as rf
 from store_runs import new_attempt
 from streamlit.testing.v1 import AppTest
 
@@ -140,11 +141,12 @@ def test_group_view_puts_a_prompts_responses_side_by_side(
     assert trained["member"].tolist() == [0, 1, 2, 3]
     assert trained["idx"].tolist() == [2, 1, 5, 4]
     assert trained["reward"].tolist() == [1.0, -1.0, -1.0, 1.0]
-    assert trained["advantage"].round(4).tolist() == [0.866, -0.866, -0.866, 0.866]
+    # advantages as text: never "None" where the trainer recorded none
+    assert trained["advantage"].tolist() == ["+0.866", "-0.866", "-0.866", "+0.866"]
     assert dropped["member"].tolist() == [1, 3]
     assert dropped["truncated"].tolist() == [False, True]
     assert dropped["length"].tolist() == [12, 64]
-    assert dropped["advantage"].isna().all() and older["advantage"].isna().all()
+    assert dropped["advantage"].tolist() == ["—", "—"] and older["advantage"].tolist() == ["—"]
     captions = [c.value for c in at.caption]
     # Member 0 of group 0 (idx 2): +1, A = +0.866, length 10 + 2 = 12.
     assert "#2 ✔ · reward +1 · A +0.866 · 12 tokens" in captions
@@ -156,6 +158,15 @@ def test_group_view_puts_a_prompts_responses_side_by_side(
 
 def token_html(at: AppTest) -> list[str]:
     return [m.value for m in at.markdown if 'class="dapo-token"' in m.value]
+
+
+def plain_html(at: AppTest) -> list[str]:
+    """The responses shown as plain text (no per-token record), each in its scrolling box."""
+    return [
+        m.value
+        for m in at.markdown
+        if 'class="dapo-response"' in m.value and 'class="dapo-token"' not in m.value
+    ]
 
 
 def test_group_view_colours_each_token(
@@ -179,7 +190,8 @@ def test_group_view_colours_each_token(
     legends = [m.value for m in at.markdown if 'class="dapo-legend"' in m.value]
     assert len(legends) == 1 and "ratio" in legends[0]
     assert "#0 ✖ · reward -1.5 · A — · 64 tokens · truncated" in [c.value for c in at.caption]
-    assert "What is 2+3? -> +1" in [t.value for t in at.text]  # member 3: no record, plain text
+    # member 3: no record, plain (escaped) text in its box
+    assert any("What is 2+3? -&gt; +1" in html for html in plain_html(at))
 
     at.radio(key="rollout-token-colour").set_value("clip").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -216,7 +228,7 @@ def test_a_step_recorded_before_tokens_says_so(
     assert NO_TOKENS in [c.value for c in at.caption]
     assert not token_html(at)
     assert not [r for r in at.radio if r.key == "rollout-token-colour"]
-    assert "What is 2+3? -> +1" in [t.value for t in at.text]
+    assert any("What is 2+3? -&gt; +1" in html for html in plain_html(at))
 
 
 CLICK_JS = """(() => {{ const label = Array.from(document.querySelectorAll('label'))
@@ -295,3 +307,67 @@ class _Group:
 
     def __init__(self, n: int) -> None:
         self.rollouts = [object()] * n
+
+
+# --- whole groups: filters and pages -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def many_groups(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int, int]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('many-groups') / 'store.db'}"
+    sweep_id, run_id = rf.build_many_groups(url, size=16)
+    return url, sweep_id, run_id
+
+
+def group_titles(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if m.value.startswith(("**Group", "**Prompt"))]
+
+
+def test_groups_are_filtered_by_their_signal_and_paged(
+    many_groups: tuple[str, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, sweep_id, run_id = many_groups
+    # ?sweep= picks the run's sweep (the page once ignored it); its one run is then picked
+    at = open_page(url, "rollouts", monkeypatch, sweep=sweep_id)
+    assert at.selectbox(key="rollout-run").value == run_id
+    at.radio(key="rollout-view").set_value("Groups").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = texts(at)
+    assert "16 group(s) stored: 6 mixed, 5 all right, 5 all wrong" in shown
+    # G = 16: two whole groups a page (32 responses), 8 pages
+    assert group_titles(at) == [
+        "**Group 0 · 16 of 16 responses stored · 8 correct · trained**",
+        "**Group 1 · 16 of 16 responses stored · 8 correct · trained**",
+    ]
+    assert at.number_input(key="rollout-group-page").label == "Page (of 8)"
+    at.radio(key="rollout-group-filter").set_value("All wrong").run()
+    assert at.number_input(key="rollout-group-page").label == "Page (of 3)"
+    assert [t.split(" · ")[0] for t in group_titles(at)] == ["**Group 11", "**Group 12"]
+    at.number_input(key="rollout-group-page").set_value(3).run()
+    assert [t.split(" · ")[0] for t in group_titles(at)] == ["**Group 15"]
+    # an all-wrong group was not trained: its advantages read "—", never "None"
+    table = at.dataframe[0].value
+    assert table["advantage"].tolist() == ["—"] * 16
+    at.radio(key="rollout-group-filter").set_value("Mixed (0 < correct < G)").run()
+    at.number_input(key="rollout-group-page").set_value(1).run()
+    table = at.dataframe[0].value
+    # ±1 / √(16/15) = ±0.968
+    assert table["advantage"].tolist() == ["+0.968"] * 8 + ["-0.968"] * 8
+    # every response in a box that scrolls past RESPONSE_BOX_EM (40 lines would not fit)
+    assert len(plain_html(at)) == 32
+    assert all("max-height:10em;overflow-y:auto" in html for html in plain_html(at))
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption])
+
+
+def test_the_legend_reads_its_apostrophe(
+    group_store: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, run_id = group_store
+    at = open_page(url, "rollouts", monkeypatch, run=run_id)
+    at.radio(key="rollout-view").set_value("Groups").run()
+    (legend,) = [m.value for m in at.markdown if 'class="dapo-legend"' in m.value]
+    # escaped once: "&#x27;" (the browser shows "token's"), not "&&#35;x27;" ("token&#x27;s")
+    assert "token&#x27;s update step" in legend and "&&#35;" not in legend
