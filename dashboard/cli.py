@@ -180,8 +180,11 @@ def run_dashboard(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
     check_port(args.host, args.port)
     from db import engine as db_engine
+    from db.cli import existing_store
 
     url = db_engine.resolve_url(args.store)
+    # A store is a look here, as for `dapo table`: a typo'd path is refused, not created empty.
+    existing_store(url)
     db_engine.get_engine(url)  # ValueError / ConnectionError with one clear line if unusable
     address = f"http://{args.host}:{args.port}"
     print(f"starting the dashboard on {address} (store: {db_engine.safe_url(url)})", flush=True)

@@ -29,8 +29,10 @@ DEPLOYMENT = f"{FLOW_NAME}/{DEPLOYMENT_NAME}"
 DEFAULT_TIMEOUT_S = 10.0
 
 NO_SERVER = (
-    "No Prefect server is configured: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api), "
-    "start it with `prefect server start` and serve the flows with `dapo serve`."
+    "No Prefect server is configured for this dashboard: start one (`prefect server start`), "
+    "serve the flows (`dapo serve`), then restart the dashboard with PREFECT_API_URL set, e.g. "
+    "`PREFECT_API_URL=http://127.0.0.1:4200/api dapo dashboard`: it reads the variable when it "
+    "starts."
 )
 
 # api URL -> an async Prefect client (an async context manager); tests pass a fake with the

@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DAPO = ROOT / ".venv" / "bin" / "dapo"
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, DAPO_DB_URL=f"sqlite:///{tmp_path / 'store.db'}")
+def _env(tmp_path: Path, *, store: bool = False) -> dict[str, str]:
+    """The command's environment; `store`: its store exists (`dapo dashboard` refuses a
+    missing one, as `dapo table` does)."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    if store:
+        from db.engine import get_engine
+
+        get_engine(url)  # created and migrated, as `dapo db upgrade` would
+    env = dict(os.environ, DAPO_DB_URL=url)
     env.pop("DAPO_DEBUG", None)
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     return env
@@ -47,7 +54,7 @@ def test_sigterm_stops_streamlit_too(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [str(DAPO), "dashboard", "--port", str(port)],
-        env=_env(tmp_path),
+        env=_env(tmp_path, store=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own group: the test kills nothing else by accident
@@ -121,3 +128,21 @@ def test_a_host_to_serve_on_that_is_not_this_machines(tmp_path: Path, host: str)
     )
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_a_store_path_with_a_typo_is_refused_not_created(tmp_path: Path) -> None:
+    # as `dapo table` does: a missing SQLite file is a mistake, not a new empty store
+    typo = tmp_path / "stroe.db"
+    done = subprocess.run(
+        [str(DAPO), "dashboard", "--store", f"sqlite:///{typo}", "--port", str(free_port())],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.splitlines() == [
+        f"error: no store at {typo} (it is created by the first `dapo sweep`, or `dapo db upgrade`)"
+    ]
+    assert done.stdout == "" and not typo.exists()
