@@ -156,29 +156,41 @@ def group_of(
 
 
 SORTS = {
-    "newest first": ("run_id", False),
+    "newest sweep, then arm and seed": ("order", True),
+    "newest run first": ("run_id", False),
     "held-out, best first": ("final", False),
     "held-out, worst first": ("final", True),
     "gain over the start, best first": ("gain", False),
-    "sweep, arm, seed": ("order", True),
 }
 
 
-def sorted_runs(runs: pd.DataFrame, sort: str, metric_column: str | None = None) -> pd.DataFrame:
-    """The runs in the order `sort` (a key of SORTS, or 'metric: best first' / 'metric: worst
-    first' for the metric column) names; missing values last."""
-    frame = runs.assign(
-        gain=runs["final"] - runs["start"],
-        order=runs["sweep_id"].astype(str).str.zfill(9)
+def _reading_order(runs: pd.DataFrame) -> pd.Series:
+    """A sortable key: the newest sweep first; within it its arms in the order they started
+    (the ladder's, as a sweep starts them), each arm's seeds ascending, the newest attempt of
+    a seed first."""
+    first = runs.groupby(["sweep_id", "arm"])["run_id"].transform("min").astype(int)
+    return (
+        (10**9 - runs["sweep_id"].astype(int)).astype(str).str.zfill(10)
         + "|"
-        + runs["arm"].astype(str)
+        + first.astype(str).str.zfill(12)
         + "|"
-        + runs["seed"].astype(int).astype(str).str.zfill(6),
+        + runs["seed"].astype(int).astype(str).str.zfill(9)
+        + "|"
+        + (10**6 - runs["attempt"].astype(int)).astype(str).str.zfill(7)
     )
+
+
+def sorted_runs(runs: pd.DataFrame, sort: str, metric_column: str | None = None) -> pd.DataFrame:
+    """The runs in the order `sort` (a key of SORTS, or 'metric: highest first' / 'metric:
+    lowest first' for the metric column) names; missing values last, ties in reading order."""
+    if runs.empty:
+        return runs
+    frame = runs.assign(gain=runs["final"] - runs["start"], order=_reading_order(runs))
+    frame = frame.sort_values("order", kind="stable")
     if metric_column is not None and sort.startswith("metric"):
         column, ascending = metric_column, sort.endswith("lowest first")
     else:
-        column, ascending = SORTS.get(sort, SORTS["newest first"])
+        column, ascending = SORTS.get(sort, SORTS["newest sweep, then arm and seed"])
     return (
         frame.sort_values(column, ascending=ascending, na_position="last", kind="stable")
         .drop(columns=["gain", "order"])

@@ -125,9 +125,15 @@ def test_conditions_parse_and_compare_as_shown() -> None:
 def test_runs_of_every_sweep_in_one_table_in_percent(fixture_store: fx.FixtureStore) -> None:
     at = open_page("runs")
     runs = table(at)
-    # 12 ladder runs + 2 tiny-check runs, newest first
+    # 12 ladder runs + 2 tiny-check runs: the newest sweep first, each sweep's arms in the
+    # order they started (the ladder's), each arm's seeds ascending (not newest run first,
+    # which lists seed 1 above seed 0)
     assert len(runs) == 14
-    assert runs["page"].tolist()[0] == f"run?run={max(fixture_store.run_ids.values()) + 2}"
+    assert list(zip(runs["arm"], runs["seed"], strict=True)) == [
+        ("grpo", 0), ("overlong_filter", 0),
+        *((arm, seed) for arm in fx.ARMS for seed in fx.SEEDS),
+    ]  # fmt: skip
+    assert runs["page"].tolist()[0] == f"run?run={max(fixture_store.run_ids.values()) + 1}"
     assert set(runs["sweep"]) == {
         f"#{fixture_store.sweep_id} ladder", f"#{fixture_store.other_sweep_id} tiny-check"
     }  # fmt: skip
