@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from db import decisions, stats
 from db.errors import NotFound
+from db.looks import is_adaptive
 from db.models import EVALUATIONS, RUNS, SWEEPS, fold_status
 from db.reads import (
     RUN_COLUMNS,
@@ -200,7 +201,7 @@ def list_sweeps(
             sweep.finished_at,
             list(sweep.arms),
             list(sweep.seeds),
-            len(sweep.arms) * len(sweep.seeds),
+            len(latest) if is_adaptive(sweep.params) else len(sweep.arms) * len(sweep.seeds),
             len(done),
             int((latest["status"] == "failed").sum()),
             int((latest["status"] == "running").sum()),
@@ -494,6 +495,7 @@ def _ablation_rows(
     correct = correct or {}
     ladder = {str(rung["arm"]): rung for rung in (sweep.ladder or [])}
     seeds = [int(s) for s in sweep.seeds or []]
+    adaptive = is_adaptive(getattr(sweep, "params", None))
     selected, latest = selected_attempts(runs), latest_attempts(runs)
     order = arm_order(sweep, runs)
     parent_of = parents(sweep, order)
@@ -536,7 +538,8 @@ def _ablation_rows(
             {seed: s.start for seed, s in started.items()},
         )
         status_by_seed = dict(zip(newest["seed"].astype(int), newest["status"], strict=True))
-        all_seeds = sorted(set(seeds) | set(status_by_seed))
+        # An adaptive sweep's arm stops at its own seed count: only its attempts are its own.
+        all_seeds = sorted(set(status_by_seed) if adaptive else set(seeds) | set(status_by_seed))
         rung = ladder.get(arm, {})
         paper = rung.get("paper_score")
         rows.append(

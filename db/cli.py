@@ -305,19 +305,19 @@ def cmd_table(args: argparse.Namespace) -> int:
 
             asked = None if args.threshold is None else args.threshold / 100.0
             reached = efficiency.reach(engine, sweep_id, table, asked)
-    from db import decisions
-    from db.protocol import protocol_line
+    from db import decisions, report
 
+    extra = report.extras(engine, sweep_id, table)
     planned = decisions.parse_pairs(args.compare, [str(a) for a in table["arm"]])
+    extra["planned"] = [*extra.get("planned", []), *planned]
     out = table_format.render(
         table,
         args.format,
         sweep,
         wide=args.wide,
-        planned=planned,
         effect=None if args.effect is None else args.effect / 100.0,
         iqm=True if args.iqm else None,
-        protocol=protocol_line(engine, sweep_id, table),
+        **extra,
     )
     # Holm's note speaks of the table's stars: right under it, before the efficiency table.
     if args.holm:

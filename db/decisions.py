@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from db import power, stats
+from db.looks import StoredLook
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,10 +91,42 @@ class Comparison:
     effect: float | None
     needed_effect: int | None
     p_improve: float
+    # An adaptive sweep's stored looks at this comparison (db.looks), oldest first, and whether
+    # the sweep may still look again (it is running).
+    looks: tuple[StoredLook, ...] = ()
+    open: bool = False
+    at_decision: stats.Estimate | None = None  # the Δ over the seeds of the deciding look
 
     @property
     def name(self) -> str:
         return f"{self.arm} − {self.other}"
+
+    def sequential(self) -> str:
+        """An adaptive sweep's decision in words: 'decided at n = 10: +5.1 [+1.2, +9.0]',
+        'futile at n = 8', 'undecided at n = 16', 'open at n = 8'; '' for a fixed design."""
+        if not self.looks:
+            return ""
+        last = self.looks[-1]
+        delta = ""
+        if self.at_decision is not None and self.at_decision.n:
+            d = self.at_decision
+            delta = f": {100 * d.mean:+.1f}" + (
+                f" [{100 * d.low:+.1f}, {100 * d.high:+.1f}]" if d.has_interval else ""
+            )
+        if last.decision == "real":
+            return f"decided at n = {last.n}{delta}"
+        if last.decision == "futile":
+            return f"futile at n = {last.n}{delta}"
+        mde = (
+            f": MDE {100 * self.mde:.1f} pp"
+            if not (math.isnan(self.mde) or math.isinf(self.mde))
+            else ""
+        )
+        if last.decision == "undecided":
+            return f"undecided at n = {last.n}{mde}"
+        if self.open:
+            return f"open at n = {last.n}"
+        return f"undecided at n = {last.n} (stopped){mde}"
 
     def verdict(self) -> str:
         """The decision in a few words: 'real at 5%', 'not shown', or why it cannot be tested
@@ -115,9 +148,18 @@ def compare(
     theirs: Mapping[int, float],
     *,
     effect: float | None = None,
+    looks: Sequence[StoredLook] = (),
+    open_: bool = False,
 ) -> Comparison:
-    """One comparison from two arms' final scores by seed."""
+    """One comparison from two arms' final scores by seed (and an adaptive sweep's looks)."""
     delta = stats.paired(mine, theirs)
+    at = None
+    if looks:
+        used = set(looks[-1].seeds)
+        at = stats.paired(
+            {s: v for s, v in mine.items() if s in used},
+            {s: v for s, v in theirs.items() if s in used},
+        )
     return Comparison(
         arm=arm,
         other=other,
@@ -130,6 +172,9 @@ def compare(
             power.seeds_needed(effect, delta.sd) if effect is not None and delta.n >= 2 else None
         ),
         p_improve=p_improve(list(mine.values()), list(theirs.values())),
+        looks=tuple(looks),
+        open=open_,
+        at_decision=at,
     )
 
 
@@ -162,9 +207,13 @@ def comparisons(
     *,
     planned: Sequence[tuple[str, str]] = (),
     effect: float | None = None,
+    sequential: Mapping[str, Sequence[StoredLook]] | None = None,
+    running: bool = False,
 ) -> list[Comparison]:
     """Every Δ of the ablation table, in ladder order (each arm against its parent, then against
-    the baseline where that is another arm), then the planned pairs not already among them."""
+    the baseline where that is another arm), then the planned pairs not already among them.
+    `sequential`: an adaptive sweep's stored looks by comparison (db.looks.of_sweep); `running`:
+    whether it may look again."""
     rows = {str(r["arm"]): r for r in table.to_dict("records")}
     order = list(rows)
     base = order[0] if order else None
@@ -175,8 +224,18 @@ def comparisons(
         if (arm, other) in seen or arm == other:
             return
         seen.add((arm, other))
+        taken = (sequential or {}).get(f"{arm}:{other}", ())
         out.append(
-            compare(arm, other, kind, _finals(rows[arm]), _finals(rows[other]), effect=effect)
+            compare(
+                arm,
+                other,
+                kind,
+                _finals(rows[arm]),
+                _finals(rows[other]),
+                effect=effect,
+                looks=taken,
+                open_=running,
+            )
         )
 
     for arm in order:

@@ -20,7 +20,13 @@ CAPTION = (
     "detect with 80% power at 5%, from the observed spread; seeds = paired seeds needed to "
     "detect the observed Δ so; P(A>B) = share of run pairs where A scores higher"
 )
-_LEFT = {"comparison", "vs", "verdict"}
+SEQUENTIAL_CAPTION = (
+    "Until decided: the adaptive sweep's own decision, taken at its planned looks under a "
+    "group-sequential design (db/sequential.py: O'Brien-Fleming spending, false positives at "
+    "5% over all looks), with the Δ over the seeds of the deciding look; futile = the "
+    "remaining seeds would very likely not have decided it"
+)
+_LEFT = {"comparison", "vs", "verdict", "until decided"}
 
 
 def _mde(value: float, n: int) -> str:
@@ -54,6 +60,8 @@ def records(comps: Sequence[Comparison]) -> list[dict[str, str]]:
             row[f"seeds for {100 * c.effect:g} pp"] = _seeds(c.needed_effect, d.n)
         row["P(A>B)"] = MISSING if math.isnan(c.p_improve) else f"{c.p_improve:.2f}"
         row["verdict"] = c.verdict()
+        if any(x.looks for x in comps):
+            row["until decided"] = c.sequential() or MISSING
         out.append(row)
     return out
 
@@ -63,11 +71,19 @@ def render(comps: Sequence[Comparison], fmt: str, *, width: int | None = None) -
     rows = records(comps)
     if not rows:
         return ""
+    caption = CAPTION + (f". {SEQUENTIAL_CAPTION}" if "until decided" in rows[0] else "")
     if fmt == "markdown":
-        return f"{_markdown(rows, _LEFT)}\n\n*{CAPTION}*\n"
-    shown, hidden = fit(rows, width, drop=["vs", "P(A>B)", "MDE"], shrink={"comparison": 16, "verdict": 12})
+        return f"{_markdown(rows, _LEFT)}\n\n*{caption}*\n"
+    shown, hidden = fit(
+        rows,
+        width,
+        drop=["vs", "P(A>B)", "MDE", "verdict"]
+        if "until decided" in rows[0]
+        else ["vs", "P(A>B)", "MDE"],
+        shrink={"comparison": 16, "verdict": 12},
+    )
     note = f"{hidden_note(hidden, width)}\n" if hidden else ""
-    return f"{_aligned(shown, _LEFT)}\n{note}{wrapped(CAPTION, width)}\n"
+    return f"{_aligned(shown, _LEFT)}\n{note}{wrapped(caption, width)}\n"
 
 
 def headline_numbers(c: Comparison) -> str:

@@ -29,6 +29,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SWEEP_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+# What a look of an adaptive sweep decided (db.sequential.DECISIONS).
+LOOK_DECISIONS = ("real", "futile", "continue", "undecided")
 RUN_STATUSES = ("running", "completed", "failed", "cancelled")
 # The status an unfinished attempt gets when a newer attempt of its (arm, seed) takes over
 # (resumes its checkpoint, or starts over): runs.superseded_by names the newer attempt.
@@ -213,7 +215,10 @@ class Evaluation(Base):
 
 
 class Sample(Base):
-    """One rollout kept for the rollout browser: reward = score + overlong_penalty (Eq. 13)."""
+    """One rollout kept for the rollout browser: reward = score + overlong_penalty (Eq. 13).
+    Its columns after (run_id, step, idx) are the sample record's fields, in the order and of
+    the types of dapo_common.samples.SAMPLE_FIELDS; any other key of a record is kept in
+    `extra`."""
 
     __tablename__ = "samples"
 
@@ -235,20 +240,8 @@ class Sample(Base):
     extra: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
-# The keys of a sample record and of an evaluation result that have a column of their own in
-# `samples` / `evaluations` (besides run_id, step and idx); any other key is kept in `extra`.
-SAMPLE_FIELDS = (
-    "prompt",
-    "response",
-    "ground_truth",
-    "pred",
-    "reward",
-    "score",
-    "overlong_penalty",
-    "correct",
-    "length",
-    "truncated",
-)
+# The keys of an evaluation result that have a column of their own in `evaluations` (besides
+# run_id and step); any other key is kept in `extra`.
 EVALUATION_FIELDS = ("dataset", "k", "avg_at_k", "pass_at_k", "cons_at_k", "n_problems")
 
 
@@ -353,6 +346,32 @@ class Annotation(Base):
     )
 
 
+class SequentialLook(Base):
+    """One look of an adaptive sweep (`dapo sweep --until-decided`, db.sequential) at one of its
+    planned comparisons: the paired seeds it saw, their mean difference, the exact test's p
+    against the look's nominal level, the conditional power and what was decided (migration
+    0007). Keyed by (sweep, comparison, look): a look is taken once, so that a resumed or
+    rerun sweep never tests the same look again with other data (its α is spent)."""
+
+    __tablename__ = "sequential_looks"
+
+    sweep_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True
+    )
+    comparison: Mapped[str] = mapped_column(sa.String(201), primary_key=True)  # "A:B", A − B
+    look: Mapped[int] = mapped_column(sa.Integer, primary_key=True)  # 0-based, the design's
+    n: Mapped[int] = mapped_column(sa.Integer)
+    seeds: Mapped[list[int]] = mapped_column(JSONType)
+    mean: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    p: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    nominal: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    conditional_power: Mapped[float | None] = mapped_column(sa.Double, nullable=True)
+    decision: Mapped[str] = mapped_column(sa.String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (sa.CheckConstraint(_in("decision", LOOK_DECISIONS), name="decision"),)
+
+
 TABLES = (
     "sweeps",
     "runs",
@@ -362,6 +381,7 @@ TABLES = (
     "store_identity",
     "run_metric_summaries",
     "annotations",
+    "sequential_looks",
 )
 
 # The tables themselves, typed as Table for Core statements (`Model.__table__` is typed loosely).
@@ -373,3 +393,4 @@ SAMPLES = cast(sa.Table, Sample.__table__)
 STORE_IDENTITY = cast(sa.Table, StoreIdentity.__table__)
 RUN_METRIC_SUMMARIES = cast(sa.Table, RunMetricSummary.__table__)
 ANNOTATIONS = cast(sa.Table, Annotation.__table__)
+SEQUENTIAL_LOOKS = cast(sa.Table, SequentialLook.__table__)

@@ -25,6 +25,7 @@ from dapo_common.util import first_line
 from db import engine as db_engine
 from db import summaries
 from db.errors import NotFound, StoreUnavailable
+from db.looks import is_adaptive
 from db.models import (
     EVALUATIONS,
     METRICS,
@@ -395,9 +396,9 @@ class Store:
         def work() -> str:
             with write_transaction(self.engine) as conn:
                 sweep = conn.execute(
-                    sa.select(SWEEPS.c.arms, SWEEPS.c.seeds, SWEEPS.c.status).where(
-                        SWEEPS.c.id == int(sweep_id)
-                    )
+                    sa.select(
+                        SWEEPS.c.arms, SWEEPS.c.seeds, SWEEPS.c.status, SWEEPS.c.params
+                    ).where(SWEEPS.c.id == int(sweep_id))
                 ).first()
                 if sweep is None:
                     raise NotFound(f"no sweep with id {sweep_id} in {self.where}")
@@ -412,6 +413,8 @@ class Store:
                     for arm in sweep.arms
                     for seed in sweep.seeds
                 }
+                if is_adaptive(sweep.params):  # its arms stop at their own seed counts
+                    cells = {cell: status for cell, status in cells.items() if status}
                 status, error = sweep_status_of(cells)
                 if status != sweep.status:
                     now = utcnow()
@@ -449,66 +452,6 @@ class Store:
         return self._get(SWEEPS, sweep_id, "sweep")
 
     # --- runs ----------------------------------------------------------------------------
-
-    def start_run(
-        self,
-        *,
-        sweep_id: int,
-        arm: str,
-        seed: int,
-        config: Mapping[str, Any],
-        config_hash: str,
-        host: str,
-        flow_run_id: str | None = None,
-        checkpoint_dir: str | None = None,
-    ) -> int:
-        """A new attempt of (sweep, arm, seed), status "running"; returns the run id.
-
-        attempt = the number of earlier attempts + 1; two workers starting the same arm at once
-        get consecutive attempts (the unique key decides, the loser retries).
-        """
-        runs = RUNS
-        now = utcnow()
-        values = {
-            "sweep_id": int(sweep_id),
-            "arm": str(arm),
-            "seed": int(seed),
-            "status": "running",
-            "config": jsonable(dict(config)),
-            "config_hash": str(config_hash),
-            "host": host,
-            "flow_run_id": flow_run_id,
-            "checkpoint_dir": checkpoint_dir,
-            "started_at": now,
-            "updated_at": now,
-        }
-
-        def work() -> int:
-            with write_transaction(self.engine) as conn:
-                sweeps = SWEEPS
-                if (
-                    conn.execute(sa.select(sweeps.c.id).where(sweeps.c.id == int(sweep_id))).first()
-                    is None
-                ):
-                    raise NotFound(f"no sweep with id {sweep_id} in {self.where}")
-                last = conn.execute(
-                    sa.select(sa.func.max(runs.c.attempt)).where(
-                        runs.c.sweep_id == int(sweep_id),
-                        runs.c.arm == str(arm),
-                        runs.c.seed == int(seed),
-                    )
-                ).scalar()
-                result = conn.execute(sa.insert(runs).values(**values, attempt=int(last or 0) + 1))
-                return int(result.inserted_primary_key[0])  # type: ignore[index]
-
-        for _ in range(20):
-            try:
-                # Not retried through an outage either (see create_sweep).
-                return self._retry(work, outage_s=0.0)
-            except sa.exc.IntegrityError as error:
-                if not _unique_violation(error):
-                    raise
-        raise RuntimeError(f"could not number a new attempt of {arm}/seed {seed} (contention)")
 
     def update_run(self, run_id: int, *, outage_s: float | None = None, **fields: Any) -> None:
         """Set some of: status, error, steps, grad_updates, tokens, wall_s, tries,
@@ -553,33 +496,6 @@ class Store:
 
         with contextlib.suppress(StoreUnavailable):
             self._retry(work, outage_s=0.0)
-
-    def supersede(self, run_id: int, by: int, why: str) -> bool:
-        """Record that the newer attempt `by` took over from attempt `run_id` (superseded_by);
-        one still marked "running" (its driver died) becomes SUPERSEDED, with `why` in its
-        error. Returns whether its status changed."""
-        now = utcnow()
-        finished = {
-            "status": SUPERSEDED,
-            "error": text(f"superseded by run {by}: {why}"),
-            "finished_at": now,
-        }
-
-        def work() -> int:
-            with write_transaction(self.engine) as conn:
-                conn.execute(
-                    sa.update(RUNS)
-                    .where(RUNS.c.id == int(run_id))
-                    .values(superseded_by=int(by), updated_at=now)
-                )
-                result = conn.execute(
-                    sa.update(RUNS)
-                    .where(RUNS.c.id == int(run_id), RUNS.c.status == "running")
-                    .values(**finished)
-                )
-                return int(result.rowcount)
-
-        return self._retry(work) > 0
 
     def begin_try(self, run_id: int) -> float:
         """Count one more try of an attempt (an actor that trains it); returns the wall time

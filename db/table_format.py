@@ -371,11 +371,14 @@ def render(
     effect: float | None = None,
     iqm: bool | None = None,
     protocol: str | None = None,
+    sequential: Mapping[str, Sequence[Any]] | None = None,
+    running: bool = False,
 ) -> str:
     """The table in `fmt` (text, csv or markdown); text and Markdown carry a caption line, the
     headline (which arm leads, if any does significantly), the comparisons under it (every Δ
     with its exact p, MDE, seeds needed and verdict: db.decisions, `planned` pairs and the
-    `effect` the researcher names included) and the `protocol` line.
+    `effect` the researcher names included; an adaptive sweep's `sequential` looks and whether
+    it is `running`, db.report.extras) and the `protocol` line.
 
     Text fits `width` columns (default: terminal_width(); `wide`: no limit) and, like
     Markdown, shows a one-seed value bare with SINGLE_NOTE under the table. `artifact`:
@@ -395,7 +398,9 @@ def render(
     )
     note, lead = caption(table, sweep, single_note=False), headline(leader_of(table))
     notes = [SINGLE_NOTE] if single else []
-    comps = decisions.comparisons(table, planned=planned, effect=effect)
+    comps = decisions.comparisons(
+        table, planned=planned, effect=effect, sequential=sequential, running=running
+    )
     limit = None if wide or fmt != "text" else (width or terminal_width())
     compared = decisions_format.render(comps, fmt, width=limit)
     tail = "".join(

@@ -193,9 +193,9 @@ def plan_arm(store: Store, p: ArmParams) -> ArmPlan:
     process holds it, and a directory it would resume is its own."""
     sweep = store.get_sweep(p.sweep_id)
     sweep_params = checks.arm_in_sweep(sweep, p.arm, p.seed, extend=p.extend)
-    extended = sweep_params.arms != list(sweep["arms"]) or sweep_params.seeds != list(
-        sweep["seeds"]
-    )
+    # Widened only when the (arm, seed) was not the sweep's (an adaptive sweep's stored
+    # parameters keep its first round's seeds while its rounds widen the row's).
+    extended = p.arm not in list(sweep["arms"]) or p.seed not in list(sweep["seeds"])
     job = plan.arm_job(sweep_params, p.arm, p.seed)
     checks.check_inputs([job.config])
     resources = p.resources or sweep_params.resources

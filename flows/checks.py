@@ -210,6 +210,11 @@ def arm_in_sweep(sweep: Mapping[str, Any], arm: str, seed: int, *, extend: bool)
             f"sweep {sweep_id} has no {' and no '.join(missing)}: choose one of its own, or "
             "pass --extend (form: extend) to add it to the sweep"
         )
+    if params.adaptive.until_decided:
+        raise ValueError(
+            f"sweep {sweep_id} adds its own seeds until its comparisons are decided; "
+            f"--extend would change its plan: continue it with `dapo sweep --sweep {sweep_id}`"
+        )
     return validate(
         SweepParams,
         {

@@ -113,6 +113,54 @@ def register(subparsers: Any) -> None:
         metavar="ID",
         help="run an existing sweep again with its stored parameters (other config flags are ignored)",
     )
+    adaptive = p.add_argument_group(
+        "adding seeds until decided",
+        "Seeds run in rounds; after each, every comparison that matters is tested under a "
+        "group-sequential design that keeps false positives at 5% over all looks, and the arms "
+        "whose comparisons are decided (real, or futile) stop.",
+    )
+    adaptive.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in rounds until the comparisons are decided; --seeds is the first "
+        "round, filled up to 6 seeds (the fewest the exact test can decide on)",
+    )
+    adaptive.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="a comparison that matters, A − B (repeatable; default: each arm against its "
+        "parent, and the last arm against the first)",
+    )
+    adaptive.add_argument(
+        "--max-seeds", type=positive_int, default=16, help="the most seeds (default 16)"
+    )
+    adaptive.add_argument(
+        "--seeds-per-round", type=positive_int, default=2, help="seeds a round adds (default 2)"
+    )
+    adaptive.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="start no round that would pass this much wall time (default: no limit)",
+    )
+    adaptive.add_argument(
+        "--spending",
+        choices=("obrien-fleming", "pocock"),
+        default="obrien-fleming",
+        help="how the 5%% is spent over the looks (default obrien-fleming: nearly all at the "
+        "last look)",
+    )
+    adaptive.add_argument(
+        "--futility",
+        type=float,
+        default=0.1,
+        metavar="P",
+        help="stop a comparison when the chance that more seeds decide it falls below P "
+        "(default 0.1; 0: never)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the table")
     p.set_defaults(func=cmd_sweep)
 
@@ -273,10 +321,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(
-        f"sweep {sweep_id} completed in {progress.duration(wall)} ({len(jobs)} arm run(s))",
-        flush=True,
-    )
+    ran = len(results.get("results", [])) if results else len(jobs)
+    print(f"sweep {sweep_id} completed in {progress.duration(wall)} ({ran} arm run(s))", flush=True)
     return 0
 
 
@@ -386,6 +432,15 @@ def sweep_raw(args: argparse.Namespace, ladder: str, arms: list[str] | None) -> 
         },
         "overrides": _overrides(args.set),
         "store_url": args.store,
+        "adaptive": {
+            "until_decided": args.until_decided,
+            "compare": args.compare,
+            "max_seeds": args.max_seeds,
+            "seeds_per_round": args.seeds_per_round,
+            "budget_minutes": args.budget,
+            "spending": args.spending,
+            "futility": args.futility,
+        },
     }
     # The table's text fields name a model or a data set, or a path: relative to this
     # directory, which the flow (maybe on another machine) does not share.

@@ -121,6 +121,44 @@ class Resources(BaseModel):
     )
 
 
+class Adaptive(BaseModel):
+    """Seeds added in rounds until the comparisons that matter are decided (db.sequential)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    until_decided: bool = Field(
+        False,
+        description="run seeds in rounds and stop each comparison once it is decided (a real "
+        "difference, or futile) under a group-sequential design that keeps false positives at "
+        "5% over all looks; `seeds` is the first round, filled up to 6 seeds (the fewest the "
+        "exact test can decide on)",
+    )
+    compare: list[str] = Field(
+        default_factory=list,
+        description="the comparisons that matter, as 'A:B' (A − B); empty: each arm against "
+        "its parent, and the last arm against the first",
+    )
+    max_seeds: int = Field(16, ge=6, le=64, description="the most seeds a comparison may take")
+    seeds_per_round: int = Field(2, ge=1, le=32, description="seeds added per round")
+    budget_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="no new round starts once this much wall time is spent (none: no limit)",
+    )
+    spending: Literal["obrien-fleming", "pocock"] = Field(
+        "obrien-fleming",
+        description="how α is spent over the looks: obrien-fleming (nearly all at the last "
+        "look) or pocock (evenly)",
+    )
+    futility: float = Field(
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="stop a comparison as futile when the chance that the remaining seeds "
+        "decide it (conditional power under its current trend) falls below this; 0: never",
+    )
+
+
 class SweepParams(BaseModel):
     """Everything that defines a sweep; stored with the sweep row so that one arm can be rerun
     later from `(sweep_id, arm, seed)` alone."""
@@ -160,6 +198,10 @@ class SweepParams(BaseModel):
     submit: SubmitMode = Field("actors", description=SUBMIT_DOC)
     name: str | None = Field(
         None, max_length=200, description="a name for the sweep (at most 200 characters)"
+    )
+    adaptive: Adaptive = Field(
+        default_factory=Adaptive,
+        description="until_decided: add seeds in rounds until the comparisons are decided",
     )
 
     # "before" validators: they run ahead of the Literal types' own check, so that the message
@@ -264,6 +306,30 @@ class SweepParams(BaseModel):
                     f"sets its own value): drop it (--set / form: overrides), or grid over "
                     "another key"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _adaptive(self) -> SweepParams:
+        """An adaptive sweep's comparisons name two arms of the sweep each, and its plan of
+        rounds can decide something (db.sequential.plan_looks)."""
+        plan = self.adaptive
+        if not plan.until_decided:
+            return self
+        from db.decisions import parse_pairs
+        from db.sequential import plan_looks
+
+        try:
+            parse_pairs(plan.compare, self.arms)
+        except ValueError as error:
+            raise ValueError(str(error).replace("--compare", "compare")) from None
+        if len(self.arms) < 2:
+            raise ValueError("until_decided needs at least two arms to compare")
+        if len(self.seeds) > plan.max_seeds:
+            raise ValueError(
+                f"until_decided: the first round's {len(self.seeds)} seeds exceed max_seeds "
+                f"{plan.max_seeds}"
+            )
+        plan_looks(max(len(self.seeds), 6), plan.seeds_per_round, plan.max_seeds)
         return self
 
     @property

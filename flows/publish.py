@@ -28,10 +28,12 @@ def ablation(url: str, sweep_id: int) -> tuple[Any, dict[str, Any]]:
 
 
 def text(url: str, sweep_id: int) -> str:
+    from db.engine import get_engine
+    from db.report import extras
     from db.table_format import render
 
     table, sweep = ablation(url, sweep_id)
-    return render(table, "text", sweep)
+    return render(table, "text", sweep, **extras(get_engine(url), sweep_id, table))
 
 
 def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[dict[str, str]]:
@@ -47,8 +49,11 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
         key=plan.artifact_key("ablation-table", sweep_id),
         description=f"Ablation table of sweep {sweep_id} ({sweep.get('name')}): " + caption(table),
     )
+    from db.engine import get_engine
+    from db.report import extras
+
     create_markdown_artifact(
-        markdown=summary_markdown(table, sweep, note),
+        markdown=summary_markdown(table, sweep, note, extras(get_engine(url), sweep_id, table)),
         key=plan.artifact_key("ablation-summary", sweep_id),
         description=f"Summary of sweep {sweep_id}",
     )
@@ -80,8 +85,15 @@ def mechanisms_markdown(url: str, sweep_id: int) -> str:
     return mechanisms.render(frame, "markdown", focus_only=True, artifact=True)
 
 
-def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> str:
-    """Title, what ran, the note (an error) if any, then the table with its headline."""
+def summary_markdown(
+    table: Any,
+    sweep: Mapping[str, Any],
+    note: str | None,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """Title, what ran, the note (an error) if any, then the table with its headline, its
+    comparisons (exact p, MDE, seeds needed; an adaptive sweep's decisions) and its protocol
+    (`extra`: db.report.extras)."""
     from db.table_format import render
 
     arms, seeds = list(sweep.get("arms") or []), list(sweep.get("seeds") or [])
@@ -93,5 +105,5 @@ def summary_markdown(table: Any, sweep: Mapping[str, Any], note: str | None) -> 
     ]
     if note:
         lines += ["", f"**{note}**"]
-    lines += ["", render(table, "markdown", dict(sweep), artifact=True)]
+    lines += ["", render(table, "markdown", dict(sweep), artifact=True, **dict(extra or {}))]
     return "\n".join(lines)

@@ -155,10 +155,14 @@ def run_sweep(
             params.preset,
             {k: v for k, v in params.config_overrides(params.seeds[0]).items() if k != "run.seed"},
         )
+        seeds = (
+            f"seeds until decided (at most {params.adaptive.max_seeds})"
+            if params.adaptive.until_decided
+            else f"{len(params.seeds)} seed(s)"
+        )
         sweep_id = store.create_sweep(
             name=params.name
-            or f"{ladder.name} on {params.preset}: {len(params.arms)} arms × "
-            f"{len(params.seeds)} seed(s)",
+            or f"{ladder.name} on {params.preset}: {len(params.arms)} arms × {seeds}",
             preset=params.preset,
             arms=params.arms,
             seeds=params.seeds,
@@ -188,10 +192,19 @@ def run_sweep(
 
     results: list[dict[str, Any]] = []
     try:
-        results = _run_all(mode, sweep_id, jobs, params, store, slots)
+        if params.adaptive.until_decided:
+            from flows import adaptive
+
+            def run_jobs(round_jobs: list[plan.ArmJob]) -> list[dict[str, Any]]:
+                assert sweep_id is not None
+                return _run_all(mode, sweep_id, round_jobs, params, store, slots)
+
+            results = adaptive.run_rounds(params, store, sweep_id, run_jobs)
+        else:
+            results = _run_all(mode, sweep_id, jobs, params, store, slots)
     except BaseException as exc:
         if mode == "subflow":  # deployment runs are their own flow runs: they go on
-            _cancel_running(store, sweep_id, jobs)
+            _cancel_running(store, sweep_id, _cells(store, sweep_id, jobs, params))
         status = "cancelled" if plan.is_stop(exc) else "failed"
         store.set_sweep_status(sweep_id, status, error=first_line(exc, with_type=True))
         raise
@@ -241,10 +254,24 @@ def _run_all(
     return results
 
 
-def _cancel_running(store: Store, sweep_id: int, jobs: list[plan.ArmJob]) -> None:
-    for job in jobs:
+def _cells(
+    store: Store, sweep_id: int, jobs: list[plan.ArmJob], params: SweepParams
+) -> list[tuple[str, int]]:
+    """The (arm, seed)s this sweep may be running: its jobs, or every arm × seed an adaptive
+    sweep's rounds have reached so far."""
+    if not params.adaptive.until_decided:
+        return [(job.arm, job.seed) for job in jobs]
+    try:
+        seeds = store.get_sweep(sweep_id)["seeds"]
+    except Exception:  # best effort while shutting down
+        seeds = params.seeds
+    return [(arm, int(seed)) for arm in params.arms for seed in seeds]
+
+
+def _cancel_running(store: Store, sweep_id: int, cells: list[tuple[str, int]]) -> None:
+    for arm, seed in cells:
         try:
-            latest = store.latest_attempt(sweep_id, job.arm, job.seed)
+            latest = store.latest_attempt(sweep_id, arm, seed)
             if latest and latest.get("status") == "running":
                 store.update_run(
                     int(latest["run_id"]), status="cancelled", error="sweep interrupted"
@@ -282,8 +309,12 @@ def _sweep_interrupted(flow: Any, flow_run: Any, state: Any) -> None:
 
     try:
         with get_client(sync_client=True) as client:
-            for child in child_flow_runs(client, flow_run.id):
-                cancel_flow_run(client, child.id)
+            # An adaptive sweep's arms are the children of its rounds: walk down the tree.
+            pending = [flow_run.id]
+            while pending:
+                for child in child_flow_runs(client, pending.pop()):
+                    cancel_flow_run(client, child.id)
+                    pending.append(child.id)
     except Exception:  # best effort: the server may be going away too
         pass
     try:

@@ -163,7 +163,7 @@ def test_the_migrations_ship_inside_the_package() -> None:
     assert (root / "migrations" / "env.py").is_file()
     assert (root / "migrations" / "__init__.py").is_file()
     assert (root / "migrations" / "versions" / "__init__.py").is_file()  # found as a package
-    assert migrate.head_revision() == "0006_annotations"
+    assert migrate.head_revision() == "0007_sequential_looks"
     project = tomllib.loads((root.parent / "pyproject.toml").read_text())
     assert "*.mako" in project["tool"]["setuptools"]["package-data"]["*"]
 

@@ -26,6 +26,7 @@ NOT_ROWS = {
     "seeds",
     "resources",
     "overrides",
+    "adaptive",
     "store_url",
     "ray_address",
     "force",
