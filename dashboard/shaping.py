@@ -66,7 +66,7 @@ def _per_seed(row: pd.Series) -> dict[int, float]:
 def ablation_display(table: pd.DataFrame) -> pd.DataFrame:
     """The ablation table as a researcher reads it: table_format.ablation_records' cells (the
     same columns as `dapo table` and the Prefect artifact), statuses with a glyph."""
-    frame = pd.DataFrame(table_format.ablation_records(table))
+    frame = pd.DataFrame(table_format.ablation_records(table, iqm=table_format.wants_iqm(table)))
     if "status" in frame:
         frame["status"] = frame["status"].map(status_badge)
     return frame

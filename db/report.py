@@ -22,7 +22,11 @@ def extras(engine: sa.Engine, sweep_id: int, table: pd.DataFrame) -> dict[str, A
 
     sweep = sweep_details(engine, sweep_id)
     params = sweep.get("params") or {}
-    out: dict[str, Any] = {"protocol": protocol_line(engine, sweep_id, table)}
+    out: dict[str, Any] = {
+        "protocol": protocol_line(engine, sweep_id, table),
+        "sequential": looks.of_sweep(engine, sweep_id),
+        "running": sweep.get("status") in ("pending", "running"),
+    }
     if looks.is_adaptive(params):
         arms = [str(a) for a in table["arm"]]
         asked = [p for p in (params.get("adaptive") or {}).get("compare") or []]
@@ -30,6 +34,4 @@ def extras(engine: sa.Engine, sweep_id: int, table: pd.DataFrame) -> dict[str, A
             out["planned"] = parse_pairs(asked, arms)
         except ValueError:  # an arm since removed from the table: its pair has no row
             out["planned"] = []
-        out["sequential"] = looks.of_sweep(engine, sweep_id)
-        out["running"] = sweep.get("status") in ("pending", "running")
     return out

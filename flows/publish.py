@@ -49,11 +49,28 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
         key=plan.artifact_key("ablation-table", sweep_id),
         description=f"Ablation table of sweep {sweep_id} ({sweep.get('name')}): " + caption(table),
     )
+    from db import decisions, decisions_format
     from db.engine import get_engine
     from db.report import extras
 
+    extra = extras(get_engine(url), sweep_id, table)
+    if not table.empty:
+        # Every Δ with its exact p, MDE, seeds needed and verdict: the same rows as `dapo table`.
+        comps = decisions.comparisons(
+            table,
+            planned=extra.get("planned", ()),
+            sequential=extra.get("sequential"),
+            running=bool(extra.get("running")),
+        )
+        create_table_artifact(
+            table=decisions_format.records(comps),
+            key=plan.artifact_key("comparisons", sweep_id),
+            description=f"How sure each difference of sweep {sweep_id} is: "
+            + decisions_format.CAPTION
+            + f". {extra['protocol']}",
+        )
     create_markdown_artifact(
-        markdown=summary_markdown(table, sweep, note, extras(get_engine(url), sweep_id, table)),
+        markdown=summary_markdown(table, sweep, note, extra),
         key=plan.artifact_key("ablation-summary", sweep_id),
         description=f"Summary of sweep {sweep_id}",
     )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from dashboard import layout, notes, shaping, widgets
-from db import ablation, efficiency, grids, reads, table_format
+from db import ablation, decisions, decisions_format, efficiency, grids, reads, report, table_format
 from db import annotations as ann
 
 st.title("Ablation ladder")
@@ -66,6 +68,9 @@ def ablation_body() -> None:
         column_order=layout.ablation_order(list(styled.data.columns)),
         column_config=layout.ablation_columns(shaping.number_columns(styled.data)),
     )
+    extra = report.extras(engine, sweep_id, table)
+    st.caption(extra["protocol"])
+    comparisons_view(table, extra)
     # Five Δs at 5% each: some star may be noise. The same note as `dapo table --holm`.
     if st.checkbox(
         "Holm",
@@ -114,14 +119,63 @@ def ablation_body() -> None:
             .mark_circle(size=55, color="#1f3b57")
             .encode(x=x, y="score (%):Q", tooltip=["arm", "seed", "score (%)"])
         )
+        layers = bars + interval + start + seeds
+        paired = st.checkbox(
+            "Pair the seeds",
+            key="ablation-paired",
+            help="A line per seed across the arms: a paired Δ is about these lines' slopes, "
+            "not about how far apart the dots of two arms spread.",
+        )
+        if paired:
+            lines = (
+                alt.Chart(points.assign(order=points["arm"].map(order.index)))
+                .mark_line(opacity=0.45, strokeWidth=1.2, color="#1f3b57")
+                .encode(x=x, y="score (%):Q", detail="seed:N", order="order:Q")
+            )
+            layers = layers + lines
         st.altair_chart(
-            (bars + interval + start + seeds).properties(
+            layers.properties(
                 height=260,
                 title="Final score per arm: bar = mean, whisker = 95% interval over seeds "
-                "(none for n=1), dots = seeds, red tick = starting model",
+                "(none for n=1), dots = seeds"
+                + (", lines = the same seed" if paired else "")
+                + ", red tick = starting model",
             ),
             width="stretch",
         )
+
+
+def comparisons_view(table: pd.DataFrame, extra: dict[str, Any]) -> None:
+    """How sure each Δ is: `dapo table`'s comparisons (exact p, MDE, seeds needed, P(A>B), the
+    verdict, an adaptive sweep's decisions), with the effect to plan for typed in."""
+    st.subheader("How sure is each difference")
+    effect = st.number_input(
+        "Plan for an effect of (pp)",
+        min_value=0.1,
+        max_value=100.0,
+        value=None,
+        step=0.5,
+        key="ablation-effect",
+        placeholder="e.g. 3: how many seeds would detect 3 pp",
+        help="The seeds a comparison would need to detect this effect with 80% power at 5% "
+        "(`dapo table --effect`).",
+    )
+    comps = decisions.comparisons(
+        table,
+        planned=extra.get("planned", ()),
+        effect=None if effect is None else effect / 100.0,
+        sequential=extra.get("sequential"),
+        running=bool(extra.get("running")),
+    )
+    if not comps:
+        st.caption("One arm: nothing to compare.")
+        return
+    frame = pd.DataFrame(decisions_format.records(comps))
+    st.dataframe(frame, hide_index=True, width="stretch")
+    st.caption(
+        decisions_format.CAPTION
+        + (f". {decisions_format.SEQUENTIAL_CAPTION}" if "until decided" in frame else "")
+    )
 
 
 def efficiency_view(table: pd.DataFrame) -> None:
