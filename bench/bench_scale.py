@@ -12,7 +12,7 @@ step (1M samples at the default), and an evaluation (held-out, k = 4, 32 problem
 per-problem counts) at step 0 and every 10 steps.
 
 How rows are written (honestly): sweeps and runs go through the real writer, db.store.Store
-(create_sweep, start_run, end_attempt: so the per-run summaries written at run end are written
+(create_sweep, resume_attempt, end_attempt: so the per-run summaries written at run end are written
 by the code a real run takes, refresh_sweep_status). Metric, sample and evaluation rows are
 bulk-loaded, of exactly the shape db.sink.SqlSink writes (its `_sample_row` is used to shape
 samples): PostgreSQL through COPY, SQLite through one executemany per sweep of a plain INSERT
@@ -263,14 +263,16 @@ def build(url: str, sweeps: int, steps: int) -> dict[str, Any]:
         batch, run_ids = [], []
         for arm in ARMS:
             for seed in SEEDS:
-                run_id = store.start_run(
+                run_id = store.resume_attempt(
                     sweep_id=sweep_id,
                     arm=arm,
                     seed=seed,
                     config=arm_config(arm, seed),
                     config_hash=f"{arm}-{seed}",
-                    host="bench",
-                )
+                    after=None,  # a new sweep: the first attempt of each (arm, seed)
+                    resume_step=None,
+                    checkpoint_dir=f"/bench/sweep{sweep_id}/{arm}-s{seed}",
+                ).run_id
                 run_ids.append(run_id)
                 batch.append(Rows(run_id, arm, seed, steps, _sink_shape(store, run_id)))
         (_bulk_postgres if postgres else _bulk_sqlite)(engine, batch)

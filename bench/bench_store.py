@@ -70,9 +70,16 @@ def new_run(store: Store) -> int:
     sweep = store.create_sweep(
         name="bench", preset="bench", arms=["a"], seeds=[0], base_config={}, ladder=[]
     )
-    return store.start_run(
-        sweep_id=sweep, arm="a", seed=0, config={}, config_hash="bench", host=platform.node()
-    )
+    return store.resume_attempt(
+        sweep_id=sweep,
+        arm="a",
+        seed=0,
+        config={},
+        config_hash="bench",
+        after=None,
+        resume_step=None,
+        checkpoint_dir=f"/bench/sweep{sweep}",
+    ).run_id
 
 
 def names(n_metrics: int) -> list[str]:

@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from store_runs import new_attempt
+
 from dapo_common import metric_names as mn
 from db.store import Store
 
@@ -212,13 +214,13 @@ def _write_run(
     long_share: bool = True,
 ) -> int:
     config = arm_config(arm, seed)
-    run_id = store.start_run(
-        sweep_id=sweep_id,
-        arm=arm,
-        seed=seed,
+    run_id = new_attempt(
+        store,
+        sweep_id,
+        arm,
+        seed,
         config=config,
         config_hash=config_hash(config),
-        host="test-host",
         flow_run_id=f"00000000-0000-0000-0000-{sweep_id:04d}{ARMS.index(arm):04d}{seed:04d}",
         checkpoint_dir=f"/ckpt/sweep{sweep_id}/{arm}/seed{seed}",
     )
@@ -360,13 +362,8 @@ def build_grid_sweep(url: str) -> GridFixture:
     for arm, (high, low, _, _) in GRID_POINTS.items():
         for seed in GRID_SEEDS:
             config = arm_config(GRID_BASE, seed, clip_high=high, clip_low=low) | {"arm": arm}
-            run_id = store.start_run(
-                sweep_id=sweep_id,
-                arm=arm,
-                seed=seed,
-                config=config,
-                config_hash=config_hash(config),
-                host="test-host",
+            run_id = new_attempt(
+                store, sweep_id, arm, seed, config=config, config_hash=config_hash(config)
             )
             with store.sink(run_id) as sink:
                 sink.log_evaluation(0, evaluation(GRID_START[seed]))

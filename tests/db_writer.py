@@ -6,8 +6,9 @@
 Writes steps FIRST..LAST-1 of run RUN_ID through the real SqlSink, N_METRICS metrics per step,
 with values that depend only on (run, step, metric), so a replay writes exactly the same rows.
 --wait: print READY and wait for a line on stdin before writing (a start barrier).
---start-runs-every K: every K steps also start a new attempt of arm "contended", seed 0 of the
-run's sweep (a read-then-write transaction: it reads the last attempt number, then inserts).
+--start-runs-every K: every K steps also claim a new attempt of arm "contended", seed 0 of the
+run's sweep and end it (Store.resume_attempt: a read-then-write transaction, it reads the newest
+attempt, then inserts the next; a claim that another writer's beat is planned again).
 --hang-at STEP: at that step, once the INSERT has run inside the still-open transaction, print
 IN_TRANSACTION and block, so that the test can SIGKILL the process mid-transaction.
 Prints DONE <retries> at the end (retries: transient lock errors that were retried).
@@ -21,7 +22,7 @@ import threading
 from typing import Any
 
 from db import transactions
-from db.store import Store
+from db.store import AttemptChanged, RunHeld, Store
 
 
 def metric_name(i: int) -> str:
@@ -37,6 +38,29 @@ def value(run_id: int, step: int, i: int) -> float:
 
 def step_metrics(run_id: int, step: int, n_metrics: int) -> dict[str, float]:
     return {metric_name(i): value(run_id, step, i) for i in range(n_metrics)}
+
+
+def claim_and_end(store: Store, sweep_id: int) -> None:
+    """One attempt of the shared (arm, seed), claimed as a driver claims it and ended at once.
+    Another writer may claim between this one's read and its claim (AttemptChanged), or hold
+    its own attempt for the moment it takes to end it (RunHeld): read again and claim again."""
+    while True:
+        newest = store.latest_attempt(sweep_id, "contended", 0)
+        try:
+            attempt = store.resume_attempt(
+                sweep_id=sweep_id,
+                arm="contended",
+                seed=0,
+                config={},
+                config_hash="c",
+                after=None if newest is None else int(newest["run_id"]),
+                resume_step=None,
+                checkpoint_dir="",
+            )
+        except (AttemptChanged, RunHeld):
+            continue
+        store.end_attempt(attempt.run_id, "completed")
+        return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         current["step"] = step
         sink.log_metrics(step, step_metrics(args.run_id, step, args.n_metrics))
         if args.start_runs_every and step % args.start_runs_every == 0:
-            store.start_run(
-                sweep_id=sweep_id, arm="contended", seed=0, config={}, config_hash="c", host="w"
-            )
+            claim_and_end(store, sweep_id)
     sink.close()
     print(f"DONE {retries}", flush=True)
     return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_runs import new_attempt
 
 from dapo_lab.cli import main
 from db import aa
@@ -88,9 +89,7 @@ def build(url: str, arms: dict[str, list[float]]) -> int:
     )
     for arm, finals in arms.items():
         for seed, final in enumerate(finals):
-            run_id = store.start_run(
-                sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash=arm, host="h"
-            )
+            run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
             with store.sink(run_id) as sink:
                 for step, score in ((0, 0.1), (4, final)):
                     sink.log_evaluation(step, {"dataset": "arith", "k": 4, "avg_at_k": score})

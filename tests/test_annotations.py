@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from store_runs import new_attempt
 
 from db import annotations as ann
 from db import cleanup
@@ -35,14 +36,7 @@ def new_sweep(store: Store, name: str = "ladder") -> int:
 
 
 def new_run(store: Store, sweep_id: int, arm: str = "grpo") -> int:
-    return store.start_run(
-        sweep_id=sweep_id,
-        arm=arm,
-        seed=0,
-        config={"arm": arm},
-        config_hash=f"h-{arm}",
-        host="test-host",
-    )
+    return new_attempt(store, sweep_id, arm, 0, config={"arm": arm}, config_hash=f"h-{arm}")
 
 
 def rows(store: Store) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 import db_writer
 import pytest
 import sqlalchemy as sa
+from store_runs import new_attempt
 
 from db.store import Store
 
@@ -58,10 +59,7 @@ def new_runs(store: Store, n: int) -> list[int]:
         name="writers", preset="test", arms=["a"], seeds=list(range(n)), base_config={},
         ladder=[{"arm": "a"}],
     )  # fmt: skip
-    return [
-        store.start_run(sweep_id=sweep, arm="a", seed=s, config={}, config_hash="h", host="h")
-        for s in range(n)
-    ]
+    return [new_attempt(store, sweep, "a", s, config_hash="h") for s in range(n)]
 
 
 def rows_of(store: Store, run_id: int) -> list[tuple[int, str, float | None]]:

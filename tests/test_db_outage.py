@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from store_runs import new_attempt
 from tcp_proxy import TcpProxy
 
 from db import engine as db_engine
@@ -83,9 +84,7 @@ def new_run(url: str, **store_kw: Any) -> tuple[Store, int]:
         name="outage", preset="tiny", arms=["grpo"], seeds=[0], base_config={},
         ladder=[{"arm": "grpo"}],
     )  # fmt: skip
-    run_id = store.start_run(
-        sweep_id=sweep, arm="grpo", seed=0, config={}, config_hash="h", host="test"
-    )
+    run_id = new_attempt(store, sweep, "grpo", 0, config_hash="h")
     return store, run_id
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 from conftest import BACKENDS
+from store_runs import new_attempt
 
 from db import ablation, grids, mechanisms, reads, stats
 from db.errors import NotFound
@@ -229,9 +230,7 @@ def _store_with(store_url: str, arms: list[str], ladder: list[dict[str, Any]]) -
 def _attempt(
     store: Store, sweep_id: int, arm: str, status: str, evals: dict[int, float], seed: int = 0
 ) -> int:
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash="h", host="h"
-    )
+    run_id = new_attempt(store, sweep_id, arm, seed, config_hash="h")
     with store.sink(run_id) as sink:
         for step, score in evals.items():
             sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})
@@ -276,9 +275,7 @@ def test_arms_follow_the_ladder_not_the_sweeps_order(store_url: str) -> None:
 def test_the_evaluation_most_runs_have_scores_the_table(store_url: str) -> None:
     store, sweep_id = _store_with(store_url, ["a", "b"], [{"arm": "a"}, {"arm": "b"}])
     for arm, score in (("a", 0.1), ("b", 0.2)):
-        run_id = store.start_run(
-            sweep_id=sweep_id, arm=arm, seed=0, config={}, config_hash="h", host="h"
-        )
+        run_id = new_attempt(store, sweep_id, arm, 0, config_hash="h")
         with store.sink(run_id) as sink:
             sink.log_evaluation(5, {"dataset": "aime", "k": 32, "avg_at_k": score})
             sink.log_evaluation(5, {"dataset": "math", "k": 4, "avg_at_k": score + 0.5})
@@ -329,9 +326,7 @@ def _seeded(
     n_problems: int | None = None,
     status: str = "completed",
 ) -> int:
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash="h", host="h"
-    )
+    run_id = new_attempt(store, sweep_id, arm, seed, config_hash="h")
     with store.sink(run_id) as sink:
         for step, score in evals.items():
             result = {"dataset": "aime", "k": 4, "avg_at_k": score, "n_problems": n_problems}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import math
+import socket
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_runs import killed, new_attempt
 
 from db import migrate, reads
 from db.engine import get_engine
@@ -47,13 +49,16 @@ def new_sweep(store: Store, **overrides: Any) -> int:
 
 
 def new_run(store: Store, sweep_id: int, arm: str = "grpo", seed: int = 0, **kw: Any) -> int:
-    return store.start_run(
-        sweep_id=sweep_id,
-        arm=arm,
-        seed=seed,
+    """A new attempt whose driver is gone (killed()): the next one of its (arm, seed) may start
+    while it still says "running", and takes it over."""
+    return new_attempt(
+        store,
+        sweep_id,
+        arm,
+        seed,
         config={"arm": arm, "seed": seed},
         config_hash=kw.pop("config_hash", f"hash-{arm}"),
-        host="host-a",
+        holder=killed(),
         **kw,
     )
 
@@ -153,16 +158,20 @@ def test_attempts_are_numbered_per_arm_and_seed(store_url: str) -> None:
     store = Store(store_url)
     sweep_id = new_sweep(store)
     first = new_run(store, sweep_id, "grpo", 0, flow_run_id="f1", checkpoint_dir="/ckpt/a")
+    run = store.get_run(first)
+    assert run["run_id"] == first and run["status"] == "running"
+    assert (run["sweep_id"], run["arm"], run["seed"]) == (sweep_id, "grpo", 0)
+    assert (run["host"], run["flow_run_id"], run["checkpoint_dir"]) == (
+        socket.gethostname(),
+        "f1",
+        "/ckpt/a",
+    )
+    assert run["config"] == {"arm": "grpo", "seed": 0} and run["finished_at"] is None
     second = new_run(store, sweep_id, "grpo", 0)
     other_seed = new_run(store, sweep_id, "grpo", 1)
     other_arm = new_run(store, sweep_id, "clip_higher", 0)
     attempts = {r: store.get_run(r)["attempt"] for r in (first, second, other_seed, other_arm)}
     assert attempts == {first: 1, second: 2, other_seed: 1, other_arm: 1}
-    run = store.get_run(first)
-    assert run["run_id"] == first and run["status"] == "running"
-    assert (run["sweep_id"], run["arm"], run["seed"]) == (sweep_id, "grpo", 0)
-    assert (run["host"], run["flow_run_id"], run["checkpoint_dir"]) == ("host-a", "f1", "/ckpt/a")
-    assert run["config"] == {"arm": "grpo", "seed": 0} and run["finished_at"] is None
     assert store.latest_attempt(sweep_id, "grpo", 0)["run_id"] == second  # type: ignore[index]
     assert store.latest_attempt(sweep_id, "dapo", 0) is None
 
@@ -266,7 +275,7 @@ def test_a_sweeps_status_follows_its_runs(store_url: str) -> None:
     stale = new_run(store, sweep_id, "grpo", 0)
     assert store.refresh_sweep_status(sweep_id) == "running"
     done = new_run(store, sweep_id, "grpo", 0)
-    store.supersede(stale, done, "it resumed this attempt's checkpoint")
+    assert store.get_run(stale)["superseded_by"] == done  # taken over
     store.update_run(done, status="completed")
     other = new_run(store, sweep_id, "grpo", 1)
     store.update_run(other, status="failed", error="boom")
@@ -283,15 +292,13 @@ def test_an_attempt_taken_over_is_marked_superseded(store_url: str) -> None:
     store = Store(store_url)
     sweep_id = new_sweep(store)
     stale = new_run(store, sweep_id)  # left "running" by a killed driver
-    finished = new_run(store, sweep_id)
-    store.update_run(finished, status="failed", error="RuntimeError: boom")
-    newest = new_run(store, sweep_id)
-    assert store.supersede(stale, newest, "it started over")
+    finished = new_run(store, sweep_id)  # starts over
     run = store.get_run(stale)
-    assert run["status"] == "cancelled" and run["superseded_by"] == newest
-    assert run["error"] == f"superseded by run {newest}: it started over" and run["finished_at"]
-    # A finished attempt keeps its status and error; only the link is added.
-    assert not store.supersede(finished, newest, "it resumed this attempt's checkpoint")
+    assert run["status"] == "cancelled" and run["superseded_by"] == finished
+    assert run["error"] == f"superseded by run {finished}: it started over" and run["finished_at"]
+    store.update_run(finished, status="failed", error="RuntimeError: boom")
+    # A finished attempt that is resumed keeps its status and error; only the link is added.
+    newest = new_run(store, sweep_id, resume_step=0)
     kept = store.get_run(finished)
     assert (kept["status"], kept["error"], kept["superseded_by"]) == (
         "failed",

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from store_runs import new_attempt
 from tcp_proxy import TcpProxy
 from test_db_outage import new_run, pg_urls, proxy  # noqa: F401 (fixtures)
 
@@ -67,9 +68,7 @@ def _run(url: str) -> tuple[Store, int]:
         name="wall", preset="tiny", arms=["grpo"], seeds=[0], base_config={},
         ladder=[{"arm": "grpo"}],
     )  # fmt: skip
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm="grpo", seed=0, config={}, config_hash="h", host="here"
-    )
+    run_id = new_attempt(store, sweep_id, "grpo", 0, config_hash="h")
     return store, run_id
 
 

@@ -33,6 +33,7 @@ from dapo_cli import (
     stored_sweep,
 )
 from ray_cluster import RayCluster, ray_cluster
+from store_runs import killed, new_attempt
 
 
 @pytest.fixture(scope="module")
@@ -359,9 +360,8 @@ def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
     the killed driver left stayed `running` too. Issue 14.5: --extend adds a seed on purpose."""
     store, sweep_id = _stored_sweep(env, [0])
     store.set_sweep_status(sweep_id, "running")  # then the driver was killed ...
-    stale = store.start_run(  # ... with its attempt still "running", no checkpoint yet
-        sweep_id=sweep_id, arm="grpo", seed=0, config={}, config_hash="h", host="gone"
-    )
+    # ... with its attempt still "running", no checkpoint yet
+    stale = new_attempt(store, sweep_id, "grpo", 0, holder=killed())
     done = dapo(env, "arm", "--sweep", str(sweep_id), "--arm", "grpo")
     assert done.returncode == 0, done.stdout + done.stderr
     newest = store.latest_attempt(sweep_id, "grpo", 0)

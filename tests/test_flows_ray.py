@@ -278,7 +278,8 @@ cfg = paper_ladder().config("grpo", "tiny", small).to_dict()
 store = Store(url)
 sweep = store.create_sweep(name="g", preset="tiny", arms=["grpo"], seeds=[0], base_config=cfg,
                            ladder=paper_ladder().rows())
-run = store.start_run(sweep_id=sweep, arm="grpo", seed=0, config=cfg, config_hash="h", host="?")
+run = store.resume_attempt(sweep_id=sweep, arm="grpo", seed=0, config=cfg, config_hash="h",
+                           after=None, resume_step=None, checkpoint_dir=out).run_id
 owner = {"store": store.store_id, "sweep": sweep, "arm": "grpo", "seed": 0, "config_hash": "h"}
 ray_worker.connect("local", num_cpus=2)
 report = {"places": [], "steps": []}

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from store_runs import new_attempt
 
 from db import ablation, reads
 from db.store import Store
@@ -33,9 +34,7 @@ def _sweep_and_run(store: Store) -> tuple[int, int]:
         name="compound", preset="tiny", arms=["grpo"], seeds=[0], base_config={},
         ladder=[{"arm": "grpo"}],
     )  # fmt: skip
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm="grpo", seed=0, config={}, config_hash="h", host="here"
-    )
+    run_id = new_attempt(store, sweep_id, "grpo", 0, config_hash="h")
     return sweep_id, run_id
 
 

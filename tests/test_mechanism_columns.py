@@ -12,6 +12,7 @@ import io
 from pathlib import Path
 
 import pytest
+from store_runs import new_attempt
 
 from dapo_common import metric_names as M
 from dapo_lab.cli import main
@@ -44,13 +45,8 @@ def _sweep(store: Store, *, with_decision: bool) -> int:
     for a, (arm, clip_high) in enumerate((("base", 0.2), ("ch", 0.28))):
         for seed in (0, 1):
             config = {"arm": arm, "algo": {"clip_high": clip_high}, "run": {"seed": seed}}
-            run_id = store.start_run(
-                sweep_id=sweep_id,
-                arm=arm,
-                seed=seed,
-                config=config,
-                config_hash=f"{arm}{seed}",
-                host="h",
+            run_id = new_attempt(
+                store, sweep_id, arm, seed, config=config, config_hash=f"{arm}{seed}"
             )
             with store.sink(run_id) as sink:
                 for step in range(STEPS):

@@ -13,6 +13,7 @@ import random
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from store_runs import new_attempt
 
 from db import ablation, mechanisms, migrate, reads, summaries, table_format
 from db import engine as db_engine
@@ -40,9 +41,7 @@ def _fill(store: Store, *, steps: dict[tuple[str, int], int], end: bool = True) 
     run_ids = []
     for (arm, seed), n in steps.items():
         config = {"algo": {"clip_high": 0.28 if arm == "clip_higher" else 0.2}}
-        run_id = store.start_run(
-            sweep_id=sweep_id, arm=arm, seed=seed, config=config, config_hash=arm, host="h"
-        )
+        run_id = new_attempt(store, sweep_id, arm, seed, config=config, config_hash=arm)
         rng = random.Random(run_id)
         with store.sink(run_id) as sink:
             for step in range(1, n + 1):
@@ -339,7 +338,7 @@ def test_the_sweep_list_of_ended_sweeps_is_kept_until_a_row_under_it_changes(
     assert warm.iloc[0]["leader"].best_mean != before
     # a rerun in flight: counted as running, and not kept
     sweep_id = int(cold.iloc[0]["sweep_id"])
-    store.start_run(sweep_id=sweep_id, arm="grpo", seed=0, config={}, config_hash="grpo", host="h")
+    new_attempt(store, sweep_id, "grpo", 0, config_hash="grpo")
     again = ablation.list_sweeps(engine)
     assert int(again.iloc[0]["runs_running"]) == 1  # not the kept row
     store.set_sweep_status(sweep_id, "failed", error="stopped")

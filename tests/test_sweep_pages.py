@@ -20,6 +20,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from store_runs import new_attempt
 
 from db.store import Store
 
@@ -107,13 +108,8 @@ def _grid_sweep(url: str) -> int:
         name="wide", preset="tiny", arms=ARMS, seeds=[0], base_config=config, ladder=ladder
     )
     for i, arm in enumerate(ARMS):
-        run_id = store.start_run(
-            sweep_id=sweep_id,
-            arm=arm,
-            seed=0,
-            config={**config, "arm": arm},
-            config_hash=f"hash{i}",
-            host="test-host",
+        run_id = new_attempt(
+            store, sweep_id, arm, 0, config={**config, "arm": arm}, config_hash=f"hash{i}"
         )
         with store.sink(run_id) as sink:
             for step, score in ((0, 0.2), (1, 0.2 + 0.01 * i)):

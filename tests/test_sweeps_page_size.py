@@ -9,6 +9,7 @@ from pathlib import Path
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
+from store_runs import new_attempt
 from streamlit.testing.v1 import AppTest
 
 from db import ablation
@@ -30,9 +31,7 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[int]]:
         )
         for i in range(SWEEPS)
     ]
-    run_id = store.start_run(
-        sweep_id=ids[-1], arm="grpo", seed=0, config=config, config_hash="h", host="test-host"
-    )
+    run_id = new_attempt(store, ids[-1], "grpo", 0, config=config, config_hash="h")
     store.update_run(run_id, status="completed", steps=1)
     ann.set_hidden(store.engine, ids[-2])  # a hidden one among the newest
     return url, ids

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from store_runs import new_attempt
 
 from dapo_common import metric_names as M
 from dapo_lab.cli import main
@@ -21,9 +22,7 @@ T1 = 12.7062  # t(0.975, 1)
 
 
 def _run(store: Store, sweep_id: int, arm: str, seed: int, evals: dict[int, float], status: str):
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash=arm, host="h"
-    )
+    run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
     with store.sink(run_id) as sink:
         for step, score in evals.items():
             sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})
@@ -136,9 +135,7 @@ def _counted(
 ) -> None:
     """A run with held-out evaluations and the trainer's cumulative progress counters
     (step -> gradient updates, generated tokens)."""
-    run_id = store.start_run(
-        sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash=arm, host="h"
-    )
+    run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
     with store.sink(run_id) as sink:
         for step, score in evals.items():
             sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
+from store_runs import new_attempt
 
 from dapo_lab.cli import main
 from db import ablation, stats
@@ -52,9 +53,7 @@ def build(url: str) -> int:
     )
     for arm, scores in finals().items():
         for seed, final in enumerate(scores):
-            run_id = store.start_run(
-                sweep_id=sweep_id, arm=arm, seed=seed, config={}, config_hash=arm, host="h"
-            )
+            run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
             with store.sink(run_id) as sink:
                 for step, score in ((0, 0.2), (4, final)):
                     sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_runs import new_attempt
 
 from dapo_common import metric_names as M
 from dapo_core.setup.config import ConfigError, ExperimentConfig
@@ -458,13 +459,8 @@ def test_a_tracker_failing_in_training_leaves_the_store_complete(
         "run.loggers": ["tensorboard"],
     }
     cfg = paper_ladder().config("grpo", "tiny", overrides)
-    run_id = store.start_run(
-        sweep_id=sweep,
-        arm="grpo",
-        seed=0,
-        config=cfg.to_dict(),
-        config_hash=cfg.config_hash(),
-        host="test",
+    run_id = new_attempt(
+        store, sweep, "grpo", 0, config=cfg.to_dict(), config_hash=cfg.config_hash()
     )
     Broken.calls = 0
     monkeypatch.setitem(trackers.TRACKERS, "tensorboard", Broken)
@@ -510,13 +506,8 @@ def stored_sweep(tmp_path: Path) -> dict[str, Any]:
     runs = {}
     for i, arm in enumerate(("grpo", "clip_higher")):
         cfg = paper_ladder().config(arm, "tiny", {"run.steps": 3})
-        run_id = store.start_run(
-            sweep_id=sweep,
-            arm=arm,
-            seed=0,
-            config=cfg.to_dict(),
-            config_hash=cfg.config_hash(),
-            host="test",
+        run_id = new_attempt(
+            store, sweep, arm, 0, config=cfg.to_dict(), config_hash=cfg.config_hash()
         )
         with store.sink(run_id) as sink:
             sink.log_evaluation(
