@@ -1,6 +1,8 @@
-"""Rollout correction (TIS / MIS) and the sampler–trainer mismatch sums: hand-computed cases and
-invariants (weights ≤ cap, `none` changes nothing, MIS keeps exactly the tokens whose ratio lies
-in [1/cap, cap], k3 ≥ 0 and 0 only where the two log-probs agree)."""
+"""Rollout correction (TIS, MIS, TRL's sequence mask, AReaL's decoupled weight) and the
+sampler–trainer mismatch sums: hand-computed cases and invariants (weights ≤ cap, `none` changes
+nothing, MIS keeps exactly the tokens whose ratio lies in [1/cap, cap], the sequence mask keeps
+or drops whole sequences by their product of ratios, k3 ≥ 0 and 0 only where the two log-probs
+agree)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,35 @@ def test_mis_hand_computed() -> None:
     assert sums["mismatch_abs"] == pytest.approx(ABS, abs=1e-6)  # measured before masking
 
 
+def test_sequence_mask_hand_computed() -> None:
+    # Row 0: ρ = [3, 1.5, 0.25, 1] → ρ_seq = 3·1.5·0.25·1 = 1.125 ≤ 2: every token weighs 1.125.
+    # Row 1: ρ = [3, 1.5, 1, 1] → ρ_seq = 4.5 > 2: the whole sequence weighs 0 (TRL's mask).
+    sampler = torch.cat([SAMPLER, SAMPLER])
+    rho1 = torch.tensor([[3.0, 1.5, 1.0, 1.0, 1e9]], dtype=F64)
+    old = torch.cat([OLD, SAMPLER[:1] + torch.log(rho1)])
+    mask = torch.cat([MASK, MASK])
+    weights, kept, sums = rollout_correction(old, sampler, mask, mode="sequence_mask", cap=2.0)
+    assert weights is not None and kept is mask  # the normaliser keeps every token, as in TRL
+    want = torch.tensor([[1.125] * 4 + [0.0], [0.0] * 5], dtype=F64)
+    torch.testing.assert_close(weights, want)
+    assert sums["is_masked"] == 4  # row 1's four tokens
+    assert sums["mismatch_tokens"] == 8
+    # A lower bound C_min = 1.2 drops row 0 too (1.125 < 1.2); TRL's default has none.
+    weights, _, sums = rollout_correction(
+        old, sampler, mask, mode="sequence_mask", cap=2.0, cap_min=1.2
+    )
+    assert weights is not None and bool((weights == 0).all()) and sums["is_masked"] == 8
+
+
+def test_decoupled_hand_computed() -> None:
+    # AReaL: w = π_prox/π_behav = ρ where ρ ≤ cap, else 0: [3, 1.5, 0.25, 1] → [0, 1.5, 0.25, 1]
+    weights, mask, sums = rollout_correction(OLD, SAMPLER, MASK, mode="decoupled", cap=2.0)
+    assert weights is not None and mask is MASK
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.5, 0.25, 1.0, 0.0]], dtype=F64))
+    assert sums["is_masked"] == 1
+    assert sums["mismatch_abs"] == pytest.approx(ABS, abs=1e-6)
+
+
 def test_none_measures_and_changes_nothing() -> None:
     weights, mask, sums = rollout_correction(OLD, SAMPLER, MASK, mode="none", cap=2.0)
     assert weights is None
@@ -68,7 +99,12 @@ def test_none_measures_and_changes_nothing() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"mode": "ppo", "cap": 2.0}, "rollout correction 'ppo': use one of none, tis, mis"),
+        (
+            {"mode": "ppo", "cap": 2.0},
+            "rollout correction 'ppo': use one of none, tis, mis, sequence_mask, decoupled",
+        ),
+        ({"mode": "sequence_mask", "cap": 2.0, "cap_min": 2.0}, r"cap_min=2.0: must be in \(0, "),
+        ({"mode": "sequence_mask", "cap": 2.0, "cap_min": 0.0}, "cap_min=0.0: must be in"),
         ({"mode": "tis", "cap": 1.0}, "cap=1.0: must be a finite number > 1"),
         ({"mode": "mis", "cap": math.inf}, "must be a finite number > 1"),
         ({"mode": "tis", "cap": math.nan}, "must be a finite number > 1"),
@@ -175,8 +211,67 @@ def test_extreme_log_probs_stay_finite() -> None:
     # A sampler log-prob of −1000 (a token the trainer finds likely): log ρ is clamped at 20.
     old = torch.tensor([[-0.1, -1000.0]], dtype=F64)
     sampler = torch.tensor([[-1000.0, -0.1]], dtype=F64)
+    expected = {
+        "tis": [[2.0, math.exp(-20.0)]],
+        "decoupled": [[0.0, math.exp(-20.0)]],  # ρ = e^20 > cap leaves the loss
+        "sequence_mask": [[1.0, 1.0]],  # the two log ratios cancel: ρ_seq = 1
+    }
     for mode in MODES:
         weights, _, sums = rollout_correction(old, sampler, torch.ones(1, 2), mode=mode, cap=2.0)
         assert all(math.isfinite(v) for v in sums.values())
+        assert (weights is None) == (mode not in expected)
         if weights is not None:
-            assert weights.tolist() == [[2.0, math.exp(-20.0)]]
+            torch.testing.assert_close(weights, torch.tensor(expected[mode], dtype=F64))
+    # A sequence whose ratio overflows float is masked, not inf: Σ log ρ = 2·999.9.
+    weights, _, _ = rollout_correction(
+        torch.full((1, 2), -0.1, dtype=F64),
+        torch.full((1, 2), -1000.0, dtype=F64),
+        torch.ones(1, 2),
+        mode="sequence_mask",
+        cap=2.0,
+    )
+    assert weights is not None and weights.tolist() == [[0.0, 0.0]]
+
+
+@FAST
+@given(batches(), CAP, st.one_of(st.none(), st.floats(min_value=0.05, max_value=0.99)))
+def test_sequence_mask_keeps_or_drops_whole_sequences_by_their_ratio(
+    batch: tuple[torch.Tensor, ...], cap: float, low: float | None
+) -> None:
+    old, sampler, mask = batch
+    cap_min = None if low is None else low * cap
+    seq = ((old - sampler) * mask).sum(dim=1)  # [B] log ρ_seq
+    lo = -math.inf if cap_min is None else math.log(cap_min)
+    # stay clear of the bounds, where rounding may fall either way
+    assume(all(abs(x - math.log(cap)) > 1e-9 and abs(x - lo) > 1e-9 for x in seq.tolist()))
+    weights, kept, sums = rollout_correction(
+        old, sampler, mask, mode="sequence_mask", cap=cap, cap_min=cap_min
+    )
+    assert weights is not None and kept is mask
+    assert bool(torch.isfinite(weights).all()) and bool((weights <= cap).all())
+    assert bool((weights[~mask] == 0).all())
+    for b in range(old.shape[0]):
+        row, m = weights[b], mask[b]
+        inside = lo <= float(seq[b]) <= math.log(cap)
+        want = math.exp(float(seq[b])) if inside else 0.0
+        torch.testing.assert_close(row[m], torch.full_like(row[m], want))
+    masked_tokens = sum(
+        int(mask[b].sum()) for b in range(old.shape[0]) if not lo <= float(seq[b]) <= math.log(cap)
+    )
+    assert sums["is_masked"] == masked_tokens
+
+
+@FAST
+@given(batches(), CAP)
+def test_decoupled_weight_is_the_ratio_up_to_the_cap_and_zero_beyond(
+    batch: tuple[torch.Tensor, ...], cap: float
+) -> None:
+    old, sampler, mask = batch
+    rho = torch.exp(old - sampler)
+    assume(bool((abs(rho - cap) > 1e-9 * cap).all()))
+    weights, kept, sums = rollout_correction(old, sampler, mask, mode="decoupled", cap=cap)
+    assert weights is not None and kept is mask
+    keep = mask & (rho <= cap)
+    torch.testing.assert_close(weights[keep], rho[keep].clamp(min=math.exp(-20.0)))
+    assert bool((weights[~keep] == 0).all())
+    assert sums["is_masked"] == float((mask & (rho > cap)).sum())

@@ -18,9 +18,26 @@ from typing import Any
 from dapo_core.setup.overrides import TOP_LEVEL, type_value
 
 LOSS_AGGS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "grpo_batch_std")
+ADV_ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "rloo",
+    "grpo_batch_std",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "gdpo",
+)
+# Registered in dapo_core.algo.advantages but not trainable: they need Σ_v π(v|s_t)² at every
+# response token from the old-policy pass, which the trainer does not compute.
+ADV_ESTIMATORS_WITHOUT_TRAINER: tuple[str, ...] = (
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+)
 LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo", "cispo")
-ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis")
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "sequence_mask", "decoupled")
 GRADERS: tuple[str, ...] = ("dapo", "lenient")
 ENGINES: tuple[str, ...] = ("hf", "vllm")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -173,16 +190,22 @@ class AlgoConfig:
     ppo_epochs: int = 1
     """μ: passes over each rollout batch."""
     adv_estimator: str = "grpo"
-    """`grpo` (Eq. 9), `rloo` (leave-one-out baseline, arXiv 2402.14740) or `grpo_batch_std`
-    (group mean, batch std: Lite PPO, arXiv 2508.08221)."""
+    """`grpo` (Eq. 9), `rloo` (arXiv 2402.14740), `grpo_batch_std` (Lite PPO, 2508.08221),
+    `reinforce_plus_plus` / `reinforce_plus_plus_baseline` (2501.03262), `remax` (greedy
+    baseline, 2310.10505), `opo` (2505.23585), `grpo_passk`, `gpg` (2504.02546) or `gdpo`
+    (2601.05242); docs/equations.md."""
+    gdpo_reward_weights: tuple[float, float] = (1.0, 1.0)
+    """GDPO's weights of its two reward components: the correctness score, the overlong penalty."""
     loss_mode: str = "vanilla"
     """`vanilla` (token ratio, decoupled and dual clip), `gspo` (sequence-level ratio, arXiv
     2507.18071) or `cispo` (clipped stop-gradient IS weight, arXiv 2506.13585)."""
     rollout_correction: str = "none"
     """Sampler/trainer mismatch correction: `none`, `tis` (token weights min(π_old/π_sampler,
-    cap)) or `mis` (tokens outside [1/cap, cap] masked); the mismatch is logged either way."""
+    cap)), `mis` (tokens outside [1/cap, cap] masked), `sequence_mask` (TRL: sequences whose
+    ratio Π_t ρ_t exceeds cap zeroed, the rest weighted by it) or `decoupled` (AReaL: token
+    weight ρ, zeroed above cap); the mismatch is logged either way."""
     rollout_is_cap: float = 2.0
-    """Cap of the truncated importance weight (TIS) or the mask bound (MIS)."""
+    """Cap of the TIS weight, MIS's bound, the sequence mask's C_max or the decoupled weight's cap."""
     entropy_coef: float = 0.0
     """Entropy bonus: loss − coef · mean entropy of the response tokens (0: off, as in DAPO)."""
 
@@ -207,9 +230,23 @@ class AlgoConfig:
         _check(self.adv_eps > 0, "algo.adv_eps must be > 0")
         _check(self.ppo_epochs >= 1, "algo.ppo_epochs (μ) must be >= 1")
         _check(
+            self.adv_estimator not in ADV_ESTIMATORS_WITHOUT_TRAINER,
+            f"algo.adv_estimator={self.adv_estimator!r} needs Σ_v π(v|s_t)² at every response "
+            "token from the old-policy pass, which the trainer does not compute; use one of "
+            f"{ADV_ESTIMATORS}",
+        )
+        _check(
             self.adv_estimator in ADV_ESTIMATORS,
             f"algo.adv_estimator={self.adv_estimator!r}: use one of {ADV_ESTIMATORS}",
         )
+        weights = tuple(self.gdpo_reward_weights)
+        _check(
+            len(weights) == 2 and all(w >= 0 for w in weights) and any(w > 0 for w in weights),
+            f"algo.gdpo_reward_weights={self.gdpo_reward_weights}: give two weights >= 0 "
+            "(correctness score, overlong penalty), at least one of them > 0",
+        )
+        # A stored config (JSON) gives a list: keep the field one type whatever the source.
+        object.__setattr__(self, "gdpo_reward_weights", tuple(float(w) for w in weights))
         _check(
             self.loss_mode in LOSS_MODES,
             f"algo.loss_mode={self.loss_mode!r}: use one of {LOSS_MODES}",

@@ -6,8 +6,8 @@ test-reference`) without importing verl as a package: its `__init__` pulls in Ra
 * `verl_core`: verl/trainer/ppo/core_algos.py imports verl's configs, omegaconf and more at the
   top. The functions under test are taken out of the file's syntax tree instead (their
   decorators dropped, their annotations left unevaluated) and run in a namespace that holds
-  torch, numpy, verl's own `masked_sum` / `masked_mean` (taken out of
-  verl/utils/torch_functional.py the same way) and two stand-ins for verl's config classes,
+  torch, numpy, verl's own `masked_sum`, `masked_mean`, `masked_var` and `masked_whiten` (taken
+  out of verl/utils/torch_functional.py the same way) and two stand-ins for verl's config classes,
   used only by the functions' `isinstance` checks and attribute reads.
 
 Every test here skips when .venv-verl is missing.
@@ -38,6 +38,15 @@ CORE_FUNCTIONS = (
     "compute_policy_loss_cispo",
     "compute_grpo_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_gpg_outcome_advantage",
+    "compute_gdpo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
 )
 
 
@@ -117,7 +126,9 @@ def verl_core(verl_site: Path) -> Iterator[dict[str, Any]]:
 
     helpers: dict[str, Any] = {"torch": torch}
     extract_functions(
-        verl_site / "verl" / "utils" / "torch_functional.py", ("masked_sum", "masked_mean"), helpers
+        verl_site / "verl" / "utils" / "torch_functional.py",
+        ("masked_sum", "masked_mean", "masked_var", "masked_whiten"),
+        helpers,
     )
     namespace: dict[str, Any] = {
         "torch": torch,
