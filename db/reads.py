@@ -23,6 +23,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from dapo_common import metric_names as M
+from dapo_common.samples import ADVANTAGE, GROUP, MEMBER, SAMPLE_FIELDS, TOKENS
 from db import summaries
 from db.engine import safe_url
 from db.errors import NotFound
@@ -34,7 +35,6 @@ from db.models import (
     RUN_LEASE_S,
     RUN_METRIC_SUMMARIES,
     RUNS,
-    SAMPLE_FIELDS,
     SAMPLES,
     SWEEPS,
     utcnow,
@@ -64,6 +64,8 @@ EVALUATION_COLUMNS = ["step", *EVALUATION_FIELDS]
 CURVE_COLUMNS = ["run_id", "arm", "seed", "step", "name", "value"]
 EVAL_CURVE = M.EVAL_AVG_AT_K  # the name evaluation_curves gives avg@k (the trainer logs it so)
 SAMPLE_COLUMNS = ["run_id", "step", "idx", *SAMPLE_FIELDS]
+# The sample columns a frame types: flags as bool, rewards as float (NULL read as NaN).
+_SAMPLE_DTYPES = {name: kind for name, kind in SAMPLE_FIELDS.items() if kind in (bool, float)}
 ATTEMPT_COLUMNS = [
     "run_id",
     "seed",
@@ -534,15 +536,7 @@ def samples(
         query = query.limit(int(limit))
     with engine.connect() as conn:
         frame = to_frame(conn.execute(query).all(), SAMPLE_COLUMNS)
-    return frame.astype(
-        {
-            "correct": bool,
-            "truncated": bool,
-            "reward": float,
-            "score": float,
-            "overlong_penalty": float,
-        }
-    )
+    return frame.astype(_SAMPLE_DTYPES)
 
 
 def sample_steps(engine: sa.Engine, run_id: int) -> list[int]:
@@ -553,7 +547,7 @@ def sample_steps(engine: sa.Engine, run_id: int) -> list[int]:
         return [int(v) for v in conn.execute(query).scalars()]
 
 
-SAMPLE_GROUP_COLUMNS = [*SAMPLE_COLUMNS, "group", "member", "advantage"]
+SAMPLE_GROUP_COLUMNS = [*SAMPLE_COLUMNS, GROUP, MEMBER, ADVANTAGE]
 
 
 def sample_groups(engine: sa.Engine, run_id: int, step: int) -> pd.DataFrame:
@@ -573,7 +567,7 @@ def sample_groups(engine: sa.Engine, run_id: int, step: int) -> pd.DataFrame:
     records = []
     for row in rows:
         extra = row.extra if isinstance(row.extra, dict) else {}
-        group, member, advantage = extra.get("group"), extra.get("member"), extra.get("advantage")
+        group, member, advantage = extra.get(GROUP), extra.get(MEMBER), extra.get(ADVANTAGE)
         records.append(
             (
                 *row[: len(SAMPLE_COLUMNS)],
@@ -585,14 +579,10 @@ def sample_groups(engine: sa.Engine, run_id: int, step: int) -> pd.DataFrame:
     frame = to_frame(records, SAMPLE_GROUP_COLUMNS)
     return frame.astype(
         {
-            "correct": bool,
-            "truncated": bool,
-            "reward": float,
-            "score": float,
-            "overlong_penalty": float,
-            "advantage": float,
-            "group": "Int64",  # nullable: <NA> on rows written before they were recorded
-            "member": "Int64",
+            **_SAMPLE_DTYPES,
+            ADVANTAGE: float,
+            GROUP: "Int64",  # nullable: <NA> on rows written before they were recorded
+            MEMBER: "Int64",
         }
     )
 
@@ -610,7 +600,7 @@ def sample_tokens(engine: sa.Engine, run_id: int, step: int) -> dict[int, dict[s
         rows = conn.execute(query).all()
     out: dict[int, dict[str, Any]] = {}
     for idx, extra in rows:
-        tokens = extra.get("tokens") if isinstance(extra, dict) else None
+        tokens = extra.get(TOKENS) if isinstance(extra, dict) else None
         if isinstance(tokens, dict):
             out[int(idx)] = tokens
     return out

@@ -53,9 +53,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from dapo_common.samples import SAMPLE_FIELDS
 from dapo_common.util import first_line
 from db.errors import StoreUnavailable
-from db.models import EVALUATION_FIELDS, EVALUATIONS, METRICS, SAMPLE_FIELDS, SAMPLES, utcnow
+from db.models import EVALUATION_FIELDS, EVALUATIONS, METRICS, SAMPLES, utcnow
 from db.transactions import (
     WRITE_OPTION,
     is_outage,
@@ -651,24 +652,23 @@ class SqlSink:
             self._conn = None
 
     def _sample_row(self, step: int, idx: int, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """A sample record as a `samples` row: each field typed as SAMPLE_FIELDS says (a
+        missing one is NULL, or "" / False where its column allows no NULL), any other key in
+        `extra`."""
         extra = {k: v for k, v in sample.items() if k not in SAMPLE_FIELDS}
-        length = sample.get("length")
-        return {
-            "run_id": self.run_id,
-            "step": step,
-            "idx": idx,
-            "prompt": text(sample.get("prompt")) or "",
-            "response": text(sample.get("response")) or "",
-            "ground_truth": text(sample.get("ground_truth")),
-            "pred": text(sample.get("pred")),
-            "reward": number(sample.get("reward")),
-            "score": number(sample.get("score")),
-            "overlong_penalty": number(sample.get("overlong_penalty")),
-            "correct": bool(sample.get("correct", False)),
-            "length": None if length is None else int(length),
-            "truncated": bool(sample.get("truncated", False)),
-            "extra": jsonable(extra) if extra else None,
-        }
+        row: dict[str, Any] = {"run_id": self.run_id, "step": step, "idx": idx}
+        for name, kind in SAMPLE_FIELDS.items():
+            value = sample.get(name)
+            if value is None:
+                row[name] = None if SAMPLES.c[name].nullable else kind()
+            elif kind is str:
+                row[name] = text(value)
+            elif kind is float:
+                row[name] = number(value)
+            else:  # bool, int
+                row[name] = kind(value)
+        row["extra"] = jsonable(extra) if extra else None
+        return row
 
 
 class IncompleteRun(RuntimeError):

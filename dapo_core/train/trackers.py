@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_common.samples import SAMPLE_FIELDS
 from dapo_common.util import flatten
 from dapo_core.setup.config import LOGGERS, ExperimentConfig
 from dapo_core.train.protocols import MetricsSink
@@ -46,18 +47,8 @@ IDS_FILE = "trackers.json"
 DEFAULT_PROJECT = "dapo-lab"
 """W&B / Trackio project and MLflow experiment unless $WANDB_PROJECT, $TRACKIO_PROJECT or
 $MLFLOW_EXPERIMENT_NAME say otherwise."""
-SAMPLE_COLUMNS = (
-    "step",
-    "prompt",
-    "response",
-    "ground_truth",
-    "pred",
-    "reward",
-    "score",
-    "correct",
-    "length",
-    "truncated",
-)
+SAMPLE_COLUMNS = ("step", *SAMPLE_FIELDS)
+"""The columns of a step's sample table: the step, then the sample record's fields."""
 
 
 def install_hint(name: str) -> str:
