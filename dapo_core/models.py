@@ -8,7 +8,8 @@ ModelConfig, with a tokenizer made here with the `tokenizers` library: one token
 plus `Answer:` as one token. It is warm-started by a deterministic supervised phase on worked
 solutions of the synthetic task (dapo_core.data.synthetic) so that RL starts from mixed rewards;
 `tiny-explore` is the same model warm-started on the demonstrations of the explore task
-(dapo_core.data.explore) instead (TINY_TASKS). The result is cached on disk under
+(dapo_core.data.explore) instead, `tiny-lookup` on the lookup task's (dapo_core.data.lookup;
+TINY_TASKS). The result is cached on disk under
 `$DAPO_CACHE_DIR` (default: the user cache directory of `dapo-lab`), keyed by a hash of
 everything that determines the weights. A file lock makes concurrent processes (Ray actors
 training several arms at once) build it once and share it. The cached model is an ordinary
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from dapo_core.cache import cache_root, quiet_progress
-from dapo_core.data import explore, synthetic
+from dapo_core.data import explore, lookup, synthetic
 from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
 from dapo_core.setup.config import ModelConfig, is_local_path
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 TINY = "tiny"
 TINY_EXPLORE = "tiny-explore"
+TINY_LOOKUP = "tiny-lookup"
 
 
 class _DemoTask(Protocol):
@@ -55,7 +57,7 @@ class _DemoTask(Protocol):
     def demonstrations(self, n: int, seed: int) -> list[tuple[str, str]]: ...
 
 
-TINY_TASKS: dict[str, _DemoTask] = {TINY: synthetic, TINY_EXPLORE: explore}
+TINY_TASKS: dict[str, _DemoTask] = {TINY: synthetic, TINY_EXPLORE: explore, TINY_LOOKUP: lookup}
 """The tiny models by name, each with the task whose demonstrations warm-start it."""
 TINY_BUILD_VERSION = 1
 """Bump when the tiny model's architecture, tokenizer or warm-start recipe changes."""

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_core.algo.rewards import math_score
-from dapo_core.data import arithmetic, explore, synthetic
+from dapo_core.data import arithmetic, explore, lookup, synthetic
 from dapo_core.data.loaders import (
     DAPO_PREFIX,
     DAPO_SUFFIX,
@@ -46,6 +46,9 @@ EXPECTED_ROWS = {
     "arithmetic-eval": arithmetic.EVAL_SIZE,
     "explore": explore.TRAIN_SIZE,
     "explore-eval": explore.EVAL_SIZE,
+    "lookup": lookup.NUM_KEYS,
+    "lookup-eval": lookup.NUM_KEYS,
+    "lookup-coin": lookup.NUM_KEYS * lookup.COIN_REPEATS,
     "dapo-math-17k": 17_276,
     "aime2024": 30,
     "aime2025": 30,

@@ -9,6 +9,11 @@
     explore         the second embedded task (dapo_core.data.explore): a fork at the first
                     response token, rewarded tokens rare; 4,096 problems
     explore-eval    its held-out set, 256 distinct problems disjoint from training
+    lookup          the third embedded task (dapo_core.data.lookup): a key in, one of 8 symbols
+                    out; its 32 keys, once each (prompt template `raw-answer`)
+    lookup-eval     the same 32 keys (a random table has nothing to generalise), sampled apart
+    lookup-coin     the 32 keys, 256 times each, rewarded by a fair coin independent of the
+                    answer (the entropy probe; `task_reward`)
     dapo-math-17k   DAPO-Math-17k (shipped), de-duplicated with a report
     aime2024        AIME 2024, 30 problems (shipped)
     aime2025        AIME 2025, 30 problems (shipped)
@@ -40,7 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo_core.data import arithmetic, explore, synthetic
+from dapo_core.data import arithmetic, explore, lookup, synthetic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -70,7 +75,7 @@ MAX_PARQUET_ROWS = 4_000_000
 MAX_PARQUET_BYTES = 2 * 1024**3
 PARQUET_BATCH_ROWS = 1_024
 
-TEMPLATES: tuple[str, ...] = ("dapo", "chat", "raw", "chat-answer")
+TEMPLATES: tuple[str, ...] = ("dapo", "chat", "raw", "chat-answer", "raw-answer")
 ANSWER_PREFIX = "Answer: "
 """`chat-answer` begins the assistant's reply with this in the prompt (dapo_core.data.arithmetic)."""
 SUFFIXES: tuple[str, ...] = (".jsonl", ".jsonl.gz", ".parquet")
@@ -110,6 +115,7 @@ NAMED: dict[str, _Named] = {
 SYNTHETIC, SYNTHETIC_EVAL = "synthetic", "synthetic-eval"
 ARITHMETIC, ARITHMETIC_EVAL = "arithmetic", "arithmetic-eval"
 EXPLORE, EXPLORE_EVAL = "explore", "explore-eval"
+LOOKUP, LOOKUP_EVAL, LOOKUP_COIN = "lookup", "lookup-eval", "lookup-coin"
 KNOWN: tuple[str, ...] = (
     SYNTHETIC,
     SYNTHETIC_EVAL,
@@ -117,6 +123,9 @@ KNOWN: tuple[str, ...] = (
     ARITHMETIC_EVAL,
     EXPLORE,
     EXPLORE_EVAL,
+    LOOKUP,
+    LOOKUP_EVAL,
+    LOOKUP_COIN,
     *NAMED,
 )
 # Response positions where a named task takes its decision (the trainer reports the entropy
@@ -124,13 +133,26 @@ KNOWN: tuple[str, ...] = (
 DECISION_POSITIONS: dict[str, tuple[int, ...]] = {
     EXPLORE: explore.DECISION_POSITIONS,
     EXPLORE_EVAL: explore.DECISION_POSITIONS,
+    LOOKUP: lookup.DECISION_POSITIONS,
+    LOOKUP_EVAL: lookup.DECISION_POSITIONS,
+    LOOKUP_COIN: lookup.DECISION_POSITIONS,
 }
+# The training reward of a named task when it is not the grader's verdict: `coin`, a fair coin
+# independent of the answer (dapo_core.data.lookup.coin; the trainer's dapo_core.train.
+# task_reward). Evaluation always grades with the grader.
+TASK_REWARDS: dict[str, str] = {LOOKUP_COIN: "coin"}
 
 
 def decision_positions(name_or_path: str) -> tuple[int, ...]:
     """The response positions (0-based) where the data set's task takes its decision; () when
-    it names none (every data set but the explore task's)."""
+    it names none (every data set but the explore and lookup tasks')."""
     return DECISION_POSITIONS.get(_key(name_or_path), ())
+
+
+def task_reward(name_or_path: str) -> str:
+    """`grader` (the configured grader's verdict, the default) or a task's own training reward
+    (TASK_REWARDS: `coin`)."""
+    return TASK_REWARDS.get(_key(name_or_path), "grader")
 
 
 def _key(name_or_path: str) -> str:
@@ -174,6 +196,13 @@ def load_problems_with_report(
     if key == EXPLORE_EVAL:
         forks = explore.eval_tasks()
         return [Problem(t.text, str(t.answer), EXPLORE_EVAL, i) for i, t in enumerate(forks)], None
+    if key in (LOOKUP, LOOKUP_EVAL, LOOKUP_COIN):
+        keys = {
+            LOOKUP: lookup.train_tasks,
+            LOOKUP_EVAL: lookup.eval_tasks,
+            LOOKUP_COIN: lookup.coin_tasks,
+        }[key]()
+        return [Problem(t.text, t.answer, key, i) for i, t in enumerate(keys)], None
     if key in NAMED:
         path, label, source = _named_path(key), NAMED[key].file, key
     else:
@@ -496,9 +525,13 @@ def format_prompt(problem: Problem, template: str, tokenizer: PreTrainedTokenize
     `chat-answer`: the tokenizer's chat template around the bare problem, with the assistant's
     reply begun as `Answer: ` (ANSWER_PREFIX; a small instruct model rarely writes the answer
     line when asked in words, see dapo_core.data.arithmetic). It needs a chat template.
+    `raw-answer`: the problem text as is, then ANSWER_PREFIX (the lookup task, whose reply is one
+    symbol and EOS: dapo_core.data.lookup).
     """
     if template == "raw":
         return problem.prompt
+    if template == "raw-answer":
+        return problem.prompt + ANSWER_PREFIX
     if template == "dapo":
         return dapo_prompt(problem.prompt)
     if template == "chat":
@@ -531,7 +564,7 @@ def response_prefix(template: str) -> str:
     `Answer:` line) is this prefix + the response. Grading the response alone would mark every
     reply wrong; asking the model to repeat `Answer:` would change the task.
     """
-    return ANSWER_PREFIX if template == "chat-answer" else ""
+    return ANSWER_PREFIX if template in ("chat-answer", "raw-answer") else ""
 
 
 def graded_text(template: str, response: str) -> str:

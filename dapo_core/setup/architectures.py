@@ -213,8 +213,9 @@ def resolve_architecture(model: ModelConfig) -> Architecture:
 
 
 # The embedded tiny models (dapo_core.models.TINY_TASKS): one architecture, warm-started on
-# different tasks (`tiny`: running sums; `tiny-explore`: dapo_core.data.explore).
-TINY_MODELS: tuple[str, ...] = ("tiny", "tiny-explore")
+# different tasks (`tiny`: running sums; `tiny-explore`: dapo_core.data.explore; `tiny-lookup`:
+# dapo_core.data.lookup).
+TINY_MODELS: tuple[str, ...] = ("tiny", "tiny-explore", "tiny-lookup")
 
 # The embedded model's word-level vocabulary, part of its architecture: dapo_core.models
 # builds its tokenizer from it, and the plan sizes its embedding by it.

@@ -337,7 +337,8 @@ class DataConfig:
     """Sampling temperature for evaluation."""
     prompt_template: str = "dapo"
     """`dapo` (the paper's instruction), `chat` (the tokenizer's chat template), `raw`, or
-    `chat-answer` (chat template, the reply begun as `Answer: `; dapo_core.data.loaders)."""
+    `chat-answer` (chat template, the reply begun as `Answer: `; dapo_core.data.loaders), or
+    `raw-answer` (the raw text, the reply begun as `Answer: `: the lookup task)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "data")
@@ -346,8 +347,9 @@ class DataConfig:
         _check(self.eval_every >= 0, "data.eval_every must be >= 0")
         _check(self.eval_problems >= 0, "data.eval_problems must be >= 0")
         _check(
-            self.prompt_template in ("dapo", "chat", "raw", "chat-answer"),
-            f"data.prompt_template={self.prompt_template!r}: use dapo, chat, raw or chat-answer",
+            self.prompt_template in ("dapo", "chat", "raw", "chat-answer", "raw-answer"),
+            f"data.prompt_template={self.prompt_template!r}: use dapo, chat, raw, chat-answer "
+            "or raw-answer",
         )
 
 

@@ -97,6 +97,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         "run.steps": 150,
         "run.device": "cpu",
     },
+    # The third embedded task (dapo_core.data.lookup): a key in, one of 8 symbols out, then EOS,
+    # so the decision is half the loss tokens; the tiny model warm-started to answer right about
+    # 15% of the time. A rollout step is every key once (32 prompts × 8 responses); μ = 4
+    # epochs of 4 mini-batches (16 updates a step) and lr calibrated on how far the ratios move
+    # within a step (training-side; docs/mechanisms.md), so that the clip bounds bind: the
+    # mechanism checks `clip-dose` and `clip-entropy` (dapo_core/setup/ladders/) run on it.
+    # Evaluation after every step (32 keys × 16 samples, 2 tokens each: cheap).
+    "lookup": {
+        "model.name_or_path": "tiny-lookup",
+        "model.warm_start_steps": 1000,
+        "rollout.engine": "hf",
+        "rollout.group_size": 8,
+        "rollout.max_response_len": 4,
+        "algo.overlong_cache_len": 1,
+        "batch.train_batch_size": 32,
+        "batch.gen_batch_size": 32,
+        "batch.mini_batch_size": 8,
+        "batch.micro_batch_size": 256,
+        "algo.ppo_epochs": 4,
+        "optim.lr": 6e-4,
+        "optim.weight_decay": 0.0,
+        "optim.warmup_updates": 0,
+        "data.train": "lookup",
+        "data.eval": "lookup-eval",
+        "data.eval_k": 16,
+        "data.eval_problems": 0,
+        "data.eval_every": 1,
+        "data.prompt_template": "raw-answer",
+        "run.steps": 10,
+        "run.checkpoint_every": 0,
+        "run.device": "cpu",
+    },
     # SmolLM2-135M-Instruct, a real pretrained model with its 49,152-token tokenizer and chat
     # template, on the 2-core CPU (`make real-model` converts it once per machine;
     # dapo_core.real_model). Task: easy addition in words with the reply begun as `Answer: `
