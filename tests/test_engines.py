@@ -268,8 +268,8 @@ def test_chunks_keep_prompt_order_and_groups(parts) -> None:
 def test_rejects_what_it_cannot_sample(parts) -> None:
     model, tok = parts
     engine = HFEngine(model, tok, max_prompt_len=16)
-    with pytest.raises(ValueError, match="temperature"):
-        engine.generate(PROMPTS[:1], SamplingParams(n=1, max_tokens=2, temperature=0.0))
+    with pytest.raises(ValueError, match="temperature"):  # 0 is greedy (ReMax's baseline)
+        engine.generate(PROMPTS[:1], SamplingParams(n=1, max_tokens=2, temperature=-0.5))
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(PROMPTS[:1], SamplingParams(n=1, max_tokens=2, top_p=0.0))
     with pytest.raises(ValueError, match="no tokens"):

@@ -23,7 +23,7 @@ class SamplingParams:
     max_tokens: int
     """Generation budget in tokens (L_max of Eq. 13)."""
     temperature: float = 1.0
-    """Softmax temperature of the sampling distribution."""
+    """Softmax temperature of the sampling distribution; 0 is greedy decoding (the argmax)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
     seed: int | None = None

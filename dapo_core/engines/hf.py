@@ -97,8 +97,8 @@ class HFEngine:
 
     # --- RolloutEngine -----------------------------------------------------------------
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[Completion]:
-        if not sampling.temperature > 0:
-            raise ValueError(f"temperature={sampling.temperature}: must be > 0 (sampling only)")
+        if not sampling.temperature >= 0:
+            raise ValueError(f"temperature={sampling.temperature}: must be > 0, or 0 for greedy")
         if not 0 < sampling.top_p <= 1:
             raise ValueError(f"top_p={sampling.top_p}: must be in (0, 1]")
         prompt_ids = self._encode(prompts)
@@ -302,7 +302,9 @@ def sampling_logprobs(logits: Tensor, temperature: float, top_p: float) -> Tenso
 
     The nucleus is the smallest set of most probable tokens whose probability reaches top_p: a
     token stays when the tokens ranked strictly above it hold less than top_p (so the most
-    probable one always stays). Outside it the log-probability is −inf.
+    probable one always stays). Outside it the log-probability is −inf. T = 0 is greedy
+    decoding, the limit T → 0: all the mass on the most probable token (the first of a tie), so
+    every draw takes it.
 
     Args:
         logits: [B, V] next-token logits z (any float dtype; computed in float32).
@@ -310,6 +312,9 @@ def sampling_logprobs(logits: Tensor, temperature: float, top_p: float) -> Tenso
         [B, V] float32 log-probabilities of the distribution tokens are drawn from.
     """
     z = logits.float()
+    if temperature == 0:
+        top = z.argmax(dim=-1, keepdim=True)
+        return torch.full_like(z, float("-inf")).scatter(-1, top, 0.0)
     if temperature != 1.0:
         z = z / temperature
     logp = torch.log_softmax(z, dim=-1)

@@ -274,6 +274,35 @@ class GroupSource:
         self.tokens += sum(len(r.completion.token_ids) for g in groups for r in g.rollouts)
         return groups
 
+    def greedy_rewards(self, groups: Sequence[Group]) -> list[float]:
+        """ReMax's baseline (arXiv 2310.10505): each group's prompt answered once greedily
+        (temperature 0) by the current policy and scored by the same reward; one per group, in
+        order. Every rank answers its share and the rewards are gathered. A seeded call, so the
+        engine's own random stream is left as it was; its time and tokens count as the step's
+        rollout, like the sampled responses'."""
+        rank, world = self.dist.rank, self.dist.world_size
+        mine = shard(list(range(len(groups))), rank, world)
+        greedy = SamplingParams(
+            n=1, max_tokens=self.sampling.max_tokens, temperature=0.0, top_p=1.0, seed=0
+        )
+        t0 = time.perf_counter()
+        prompts = [groups[i].prompt for i in mine]
+        completions = self.engine.generate(prompts, greedy) if prompts else []
+        t1 = time.perf_counter()
+        scored = {
+            i: self.reward(c, groups[i].problem).reward
+            for i, c in zip(mine, completions, strict=True)
+        }
+        self.times["rollout"] += t1 - t0
+        self.times["reward"] += time.perf_counter() - t1
+        tokens = sum(len(c.token_ids) for c in completions)
+        if world > 1:
+            parts = self.dist.all_gather_object((scored, tokens))
+            scored = {i: r for part, _ in parts for i, r in part.items()}
+            tokens = sum(n for _, n in parts)
+        self.tokens += tokens
+        return [scored[i] for i in range(len(groups))]
+
 
 # --- dynamic sampling (§3.2) -----------------------------------------------------------------
 @dataclass

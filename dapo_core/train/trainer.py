@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_common import metric_names as M
-from dapo_core.algo.advantages import group_advantages
+from dapo_core.algo.advantages import get_estimator, group_advantages
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import Seq, sequences
@@ -48,6 +48,7 @@ from dapo_core.train.rollout import (
     Group,
     GroupSource,
     RewardFn,
+    ShapedReward,
     advantages_by_group,
     batch_rows,
     keep_samples,
@@ -56,7 +57,6 @@ from dapo_core.train.rollout import (
     templated_prompt,
     token_record,
 )
-from dapo_core.train.task_reward import training_reward
 from dapo_core.train.update import (
     EMPTY_STATS,
     TokenTrace,
@@ -123,7 +123,7 @@ class Trainer:
         self.device = device or next(model.parameters()).device
         format_prompt = format_prompt or templated_prompt(cfg.data.prompt_template, tokenizer)
         self.source = GroupSource(
-            cfg, engine, self.problems, format_prompt, reward or training_reward(cfg), dist
+            cfg, engine, self.problems, format_prompt, reward or ShapedReward.from_config(cfg), dist
         )
         self.stream = self.source.stream
         # After each update the engine samples with the new weights; by default it is handed
@@ -203,14 +203,7 @@ class Trainer:
         kept = kept_positions(col.generated, self.cfg.run.samples_per_step)
         if batch:
             # 4. group-relative advantages over the final batch
-            rewards = torch.tensor([r.reward for g in batch for r in g.rollouts])  # [P*G]
-            advantages = group_advantages(
-                rewards,
-                self.cfg.rollout.group_size,
-                eps=self.cfg.algo.adv_eps,
-                scale_by_std=self.cfg.algo.scale_adv_by_std,
-                estimator=self.cfg.algo.adv_estimator,
-            )
+            advantages = self._advantages(batch)  # [P*G]
             seqs = sequences(batch, advantages)
             sample_advantages = advantages_by_group(col.generated, batch, advantages.tolist())
             # 5. old log-probs with the current policy, no grad (the first mini-batch's from
@@ -259,6 +252,29 @@ class Trainer:
             col.generated, self.cfg.run.samples_per_step, sample_advantages, sample_tokens
         )
         return StepResult(self.rollout_step, metrics, samples)
+
+    def _advantages(self, batch: Sequence[Group]) -> torch.Tensor:
+        """Step 4: `[P*G]` advantages of the batch by algo.adv_estimator, given what the
+        estimators read: the rewards, the response lengths, the reward's two components
+        (correctness score, overlong penalty: GDPO) and, for ReMax only, the reward of one
+        greedy response per prompt, generated now by the current policy."""
+        a = self.cfg.algo
+        rollouts = [r for g in batch for r in g.rollouts]
+        baseline = None
+        if "baseline_rewards" in get_estimator(a.adv_estimator).needs:
+            with self.memory.phase("rollout"):
+                baseline = torch.tensor(self.source.greedy_rewards(batch))  # [P]
+        return group_advantages(
+            torch.tensor([r.reward for r in rollouts]),
+            self.cfg.rollout.group_size,
+            eps=a.adv_eps,
+            scale_by_std=a.scale_adv_by_std,
+            estimator=a.adv_estimator,
+            lengths=torch.tensor([len(r.completion.token_ids) for r in rollouts]),
+            baseline_rewards=baseline,
+            components=torch.tensor([[r.score, r.penalty] for r in rollouts]),
+            component_weights=a.gdpo_reward_weights,
+        )
 
     def _token_records(
         self, seqs: Sequence[Seq], rows: dict[int, tuple[int, int]], traces: dict[int, TokenTrace]
