@@ -48,7 +48,6 @@ from dapo_core.train.rollout import (
     Group,
     GroupSource,
     RewardFn,
-    ShapedReward,
     advantages_by_group,
     batch_rows,
     keep_samples,
@@ -57,6 +56,7 @@ from dapo_core.train.rollout import (
     templated_prompt,
     token_record,
 )
+from dapo_core.train.task_reward import training_reward
 from dapo_core.train.update import (
     EMPTY_STATS,
     TokenTrace,
@@ -123,7 +123,7 @@ class Trainer:
         self.device = device or next(model.parameters()).device
         format_prompt = format_prompt or templated_prompt(cfg.data.prompt_template, tokenizer)
         self.source = GroupSource(
-            cfg, engine, self.problems, format_prompt, reward or ShapedReward.from_config(cfg), dist
+            cfg, engine, self.problems, format_prompt, reward or training_reward(cfg), dist
         )
         self.stream = self.source.stream
         # After each update the engine samples with the new weights; by default it is handed
