@@ -28,6 +28,17 @@ CLIP_RATIO_DUAL = "clip_ratio/dual"  # tokens bounded by the dual clip c (A < 0)
 # Tokens that could reach the upper bound at all: A > 0 and old probability < 1 / (1 + eps_high)
 # (a ratio is at most 1 / p_old); the room Clip-Higher has (dapo_core.algo.losses.clip_eligible).
 CLIP_RATIO_HIGH_ELIGIBLE = "clip_ratio/high_eligible"
+# Of those eligible tokens, the share whose own (unclipped) token ratio passed 1 + eps_high over
+# the update, whatever the loss mode does with it: the natural upper tail the clip would cut.
+CLIP_RATIO_HIGH_NATURAL = "clip_ratio/high_natural"
+RATIO_MAX = "ratio/max"  # the largest token ratio pi_theta / pi_old over the update's loss tokens
+# Loss tokens a covariance loss chose (clip_cov: gradient detached; kl_cov: KL-penalised).
+COV_SELECTED = "loss/cov_selected_share"
+# Loss tokens whose sequence the off-policy mask dropped (negative advantage, high KL to the
+# sampler: DeepSeek-V3.2's mask); 0 when the mask is off.
+OFF_POLICY_MASKED = "loss/off_policy_masked_share"
+# Loss tokens the top-entropy filter kept (the 80/20 rule); 1 when the filter is off.
+ENTROPY_KEPT = "loss/entropy_kept_share"
 # Share of the loss weight carried by the longer half of the batch's responses: 0.5 under the
 # sample-level loss (each response weighs the same), above under the token-level loss (Eq. 12).
 LOSS_LONG_SHARE = "loss/long_share"

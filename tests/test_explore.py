@@ -133,9 +133,8 @@ def test_policy_loss_reports_the_eligible_share_over_valid_tokens() -> None:
     p_new = torch.tensor([[0.35, 0.9, 0.5], [0.2, 0.3, 0.01]], dtype=F64)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0], dtype=F64)
-    _, metrics, counts = policy_loss(
-        p_new.log(), p_old.log(), adv, mask, clip_low=0.2, clip_high=0.28
-    )
+    _, metrics = policy_loss(p_new.log(), p_old.log(), adv, mask, clip_low=0.2, clip_high=0.28)
+    counts = metrics.counts
     assert counts.clip_eligible == 2.0 and counts.tokens == 5.0
     assert metrics[M.CLIP_RATIO_HIGH_ELIGIBLE] == pytest.approx(0.4)
     assert metrics[M.CLIP_RATIO_HIGH] == pytest.approx(0.2)
@@ -150,7 +149,7 @@ def test_no_token_clips_high_unless_eligible() -> None:
         new = torch.log_softmax(torch.randn(8, 30, generator=gen, dtype=F64) * 3, dim=-1)
         adv = torch.randn(8, generator=gen, dtype=F64)
         mask = torch.ones(8, 30, dtype=torch.bool)
-        _, _, c = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28)
+        c = policy_loss(new, old, adv, mask, clip_low=0.2, clip_high=0.28)[1].counts
         assert c.clip_high <= c.clip_eligible
 
 

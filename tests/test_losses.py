@@ -21,7 +21,11 @@ from dapo_core.algo.losses import (
     AGG_MODES,
     AGGREGATIONS,
     POLICY_LOSSES,
+    LossCounts,
+    LossMetrics,
+    LossParams,
     aggregate,
+    batch_selection,
     clipped_surrogate,
     entropy_bonus,
     get_aggregation,
@@ -33,6 +37,31 @@ from dapo_core.setup.config import LOSS_AGGS, LOSS_MODES
 
 FAST = settings(max_examples=40, deadline=None)
 F64 = torch.float64
+# Knobs that make every mode act on small batches: dro needs its β; the covariance modes pick a
+# good share of the tokens from a wide band.
+PARAMS = LossParams(
+    dro_beta=0.5, clip_cov_ratio=0.3, clip_cov_lb=-1.0, clip_cov_ub=1.0, kl_cov_ratio=0.3
+)
+# The modes that fold the rollout-correction weights into a sequence weight (GMPO's geometric
+# mean, VESPO's Gamma weight) rather than scale each token's loss.
+SEQUENCE_WEIGHTED = ("geo_mean", "vespo")
+
+
+def _selected(
+    loss_mode: str, lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor | None:
+    """A covariance mode's tokens, chosen once over the whole batch (as the trainer does)."""
+    return batch_selection(
+        loss_mode,
+        lp,
+        old,
+        adv,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        params=PARAMS,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def _t(x: list) -> torch.Tensor:
@@ -79,7 +108,8 @@ def test_policy_loss_value_gradient_and_metrics_hand_computed() -> None:
     old = torch.zeros(1, 6, dtype=F64)
     adv = _t([[1.0, 1.0, -1.0, -1.0, 1.0, -1.0]])
     mask = torch.ones(1, 6)
-    loss, metrics, counts = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, metrics = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    counts = metrics.counts
     # per token (see the test above): −1.28 −1.1 +0.8 +0.9 −0.5 +1.5 = 0.32; token-mean 0.32/6
     assert loss.item() == pytest.approx(0.32 / 6)
     loss.backward()
@@ -100,7 +130,7 @@ def test_policy_loss_value_gradient_and_metrics_hand_computed() -> None:
 def test_dual_clip_metric_counts_only_negative_advantages() -> None:
     # r = [4, 4, 2], A = [−1, +1, −1], c = 3: only token 0 has A < 0 and r > c.
     lp = torch.log(_t([[4.0, 4.0, 2.0]]))
-    _, metrics, _ = policy_loss(
+    _, metrics = policy_loss(
         lp,
         torch.zeros_like(lp),
         _t([[-1.0, 1.0, -1.0]]),
@@ -119,7 +149,7 @@ def test_clip_higher_keeps_the_gradient_of_a_rising_token() -> None:
     grads = {}
     for eps_high in (0.2, 0.28):
         lp = torch.log(_t([[1.25]])).requires_grad_(True)
-        loss, _, _ = policy_loss(
+        loss, _ = policy_loss(
             lp,
             torch.zeros(1, 1, dtype=F64),
             _t([1.0]),
@@ -138,8 +168,8 @@ def test_advantages_per_sequence_broadcast_over_tokens() -> None:
     old = lp.detach() + 0.1
     adv = _t([0.5, -1.0, 2.0])
     mask = torch.ones(3, 4)
-    a, _, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
-    b, _, _ = policy_loss(lp, old, adv[:, None].expand(3, 4), mask, clip_low=0.2, clip_high=0.28)
+    a, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    b, _ = policy_loss(lp, old, adv[:, None].expand(3, 4), mask, clip_low=0.2, clip_high=0.28)
     assert a.item() == b.item()
 
 
@@ -202,7 +232,8 @@ def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str, loss_mode: 
     lp.requires_grad_(True)
     old = _t([[-0.6, -0.9, float("inf")], [-0.3, 0.0, float("nan")]])
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    loss, metrics, _ = policy_loss(
+    weights = _t([[1.0, 0.5, float("nan")], [2.0, float("inf"), 0.0]])
+    loss, metrics = policy_loss(
         lp,
         old,
         _t([1.0, -1.0]),
@@ -212,11 +243,14 @@ def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str, loss_mode: 
         agg=agg,
         max_len=3,
         loss_mode=loss_mode,
+        token_weights=weights,
+        params=PARAMS,
     )
     loss.backward()
     assert math.isfinite(loss.item())
     assert torch.isfinite(lp.grad).all()
     assert torch.equal(lp.grad[~mask], torch.zeros(3, dtype=F64))
+    assert metrics.counts.clip_eligible == 2  # row 0's tokens: A > 0, p_old < 1/1.28
     assert all(math.isfinite(v) for v in metrics.values())
 
 
@@ -241,6 +275,8 @@ def test_aggregation_registry_matches_the_config() -> None:
         ("token-mean", (5, 2)),  # 3 + 0 + 2 tokens; rows with a token: 2
         ("seq-mean-token-mean", (5, 2)),  # the empty row is no sequence of the mean
         ("seq-mean-token-sum-norm", (5, 4)),  # Dr.GRPO: every row of the mini-batch, filtered too
+        ("token-sum", (5, 2)),  # no normaliser: the counts go unused
+        ("seq-mean-token-sum", (5, 2)),  # the rows with a token, as seq-mean-token-mean
     ],
 )
 def test_aggregation_counts_hand_computed(agg: str, expected: tuple[int, int]) -> None:
@@ -284,8 +320,10 @@ def _global_counts(agg: str, mask: torch.Tensor) -> dict[str, int]:
     """What a trainer passes to every micro-batch of the mini-batch."""
     if agg == "token-mean":
         return {"num_tokens": int(mask.sum())}
-    if agg == "seq-mean-token-mean":
+    if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return {"num_seqs": int((mask.sum(-1) > 0).sum())}
+    if agg == "token-sum":
+        return {}
     return {"num_seqs": mask.shape[0]}
 
 
@@ -320,17 +358,29 @@ def test_micro_batches_with_global_counts_give_the_one_batch_gradient(
     lp, old, adv, mask = _batch(seed, B, T)
     w = torch.rand(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed)) * 2
     kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": clip_c, "agg": agg, "max_len": T + 2}
-    kw["loss_mode"] = loss_mode
+    kw["loss_mode"], kw["params"] = loss_mode, PARAMS
+    # The covariance modes choose over the whole mini-batch once; each micro-batch its rows.
+    chosen = _selected(loss_mode, lp, old, adv, mask)
 
-    full, _, _ = policy_loss(lp, old, adv, mask, token_weights=w if weighted else None, **kw)
+    full, _ = policy_loss(
+        lp, old, adv, mask, token_weights=w if weighted else None, selected=chosen, **kw
+    )
     (full_grad,) = torch.autograd.grad(full, lp)
 
     counts = _global_counts(agg, mask)
     total = torch.zeros((), dtype=F64)
     for a, b in _splits(B, cuts):
         part_w = w[a:b] if weighted else None
-        part, _, _ = policy_loss(
-            lp[a:b], old[a:b], adv[a:b], mask[a:b], token_weights=part_w, **kw, **counts
+        part_sel = chosen[a:b] if chosen is not None else None
+        part, _ = policy_loss(
+            lp[a:b],
+            old[a:b],
+            adv[a:b],
+            mask[a:b],
+            token_weights=part_w,
+            selected=part_sel,
+            **kw,
+            **counts,
         )
         total = total + part
     (micro_grad,) = torch.autograd.grad(total, lp)
@@ -358,14 +408,12 @@ def test_micro_batches_on_a_linear_policy_give_the_one_batch_parameter_gradient(
     old = (logprobs(slice(None)) + 0.3 * torch.randn(B, T, generator=g, dtype=F64)).detach()
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T}
 
-    full, _, _ = policy_loss(logprobs(slice(None)), old, adv, mask, **kw)
+    full, _ = policy_loss(logprobs(slice(None)), old, adv, mask, **kw)
     (full_grad,) = torch.autograd.grad(full, W)
 
     counts = _global_counts(agg, mask)
     for a, b in [(0, 2), (2, 3), (3, 6)]:
-        part, _, _ = policy_loss(
-            logprobs(slice(a, b)), old[a:b], adv[a:b], mask[a:b], **kw, **counts
-        )
+        part, _ = policy_loss(logprobs(slice(a, b)), old[a:b], adv[a:b], mask[a:b], **kw, **counts)
         part.backward()  # gradients accumulate in W.grad, as in a trainer
     torch.testing.assert_close(W.grad, full_grad)
 
@@ -382,7 +430,7 @@ def test_naive_per_micro_batch_mean_is_not_the_one_batch_gradient(agg: str) -> N
     adv = _t([1.0, -0.5, 2.0])
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg}
-    full, _, _ = policy_loss(lp, old, adv, mask, **kw)
+    full, _ = policy_loss(lp, old, adv, mask, **kw)
     (full_grad,) = torch.autograd.grad(full, lp)
 
     splits = [(0, 1), (1, 3)]
@@ -407,8 +455,8 @@ def test_token_mean_equals_seq_mean_when_all_lengths_are_equal(
     lp, old, adv, _ = _batch(seed, B, T)
     mask = (torch.arange(T) < L)[None, :].expand(B, T)
     kw = {"clip_low": 0.2, "clip_high": 0.28}
-    a, _, _ = policy_loss(lp, old, adv, mask, agg="token-mean", **kw)
-    b, _, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean", **kw)
+    a, _ = policy_loss(lp, old, adv, mask, agg="token-mean", **kw)
+    b, _ = policy_loss(lp, old, adv, mask, agg="seq-mean-token-mean", **kw)
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(torch.autograd.grad(a, lp)[0], torch.autograd.grad(b, lp)[0])
 
@@ -435,20 +483,26 @@ def test_raw_sums_combine_into_the_one_batch_fractions(
     lp, old, adv, mask = _batch(seed, B, T)
     old = lp.detach() + torch.randn(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
     kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 2.0, "loss_mode": loss_mode}
-    _, full, full_counts = policy_loss(lp, old, adv, mask, **kw)
+    kw["params"] = PARAMS
+    chosen = _selected(loss_mode, lp, old, adv, mask)
+    _, full = policy_loss(lp, old, adv, mask, selected=chosen, **kw)
     c = min(cut, B - 1)
     parts = [
-        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], **kw)[2] for a, b in [(0, c), (c, B)]
+        policy_loss(
+            lp[a:b],
+            old[a:b],
+            adv[a:b],
+            mask[a:b],
+            selected=chosen[a:b] if chosen is not None else None,
+            **kw,
+        )[1].counts
+        for a, b in [(0, c), (c, B)]
     ]
-    n = sum(p.tokens for p in parts)
-    assert n == full_counts.tokens
-    for key, raw in [
-        (M.CLIP_RATIO_HIGH, "clip_high"),
-        (M.CLIP_RATIO_LOW, "clip_low"),
-        (M.CLIP_RATIO_DUAL, "clip_dual"),
-        (M.APPROX_KL, "sum_kl"),
-    ]:
-        assert sum(getattr(p, raw) for p in parts) / n == pytest.approx(full[key], abs=1e-12)
+    combined = LossMetrics(LossCounts.combine(parts), full[M.POLICY_LOSS])
+    assert combined.counts.tokens == full.counts.tokens
+    assert combined.counts.ratio_max == full.counts.ratio_max  # a max, not a sum
+    for key in full:
+        assert combined[key] == pytest.approx(full[key], abs=1e-12, nan_ok=True), key
 
 
 # --- PPO as the special case ε_low = ε_high, and the dual clip ---------------------------------
@@ -472,7 +526,7 @@ def _ppo_clip_reference(
 )
 def test_equal_clip_bounds_give_ppo(seed: int, B: int, T: int, eps: float) -> None:
     lp, old, adv, mask = _batch(seed, B, T)
-    ours, _, _ = policy_loss(lp, old, adv, mask, clip_low=eps, clip_high=eps, agg="token-mean")
+    ours, _ = policy_loss(lp, old, adv, mask, clip_low=eps, clip_high=eps, agg="token-mean")
     ref = _ppo_clip_reference(lp, old, adv, mask, eps)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad(ours, lp)[0], torch.autograd.grad(ref, lp)[0])
@@ -517,7 +571,7 @@ def test_gspo_hand_computed() -> None:
     #   row 2: r = [4, 1], A = +1: log s = (ln 4 + 0)/2 = ln 2, s = 2 > 1.28 → ℓ = −1.28 (clipped)
     # token-mean: (−2 + 3 − 2.56) / 6 = −0.26
     lp = torch.log(_t([[2.0, 0.5], [1.5, 1.5], [4.0, 1.0]])).requires_grad_(True)
-    loss, metrics, counts = policy_loss(
+    loss, metrics = policy_loss(
         lp,
         torch.zeros(3, 2, dtype=F64),
         _t([1.0, -1.0, 1.0]),
@@ -526,6 +580,7 @@ def test_gspo_hand_computed() -> None:
         clip_high=0.28,
         loss_mode="gspo",
     )
+    counts = metrics.counts
     assert loss.item() == pytest.approx(-0.26)
     loss.backward()
     # dℓ_t/dlp_t = −A·s on the unclipped branch (s_t = sg[s]·π_t/sg[π_t]), 0 where clipped.
@@ -540,7 +595,7 @@ def test_gspo_sequence_length_counts_only_the_loss_tokens() -> None:
     # One row, r = [4, e^5 (padding)], mask [1, 0], A = −1: s = 4 (length 1, not 2), so
     # ℓ = max(−A·4, −A·1.28) = 4, and the dual clip does not exist in GSPO (clip_c ignored).
     lp = torch.log(_t([[4.0, math.exp(5.0)]]))
-    loss, _, counts = policy_loss(
+    loss, metrics = policy_loss(
         lp,
         torch.zeros(1, 2, dtype=F64),
         _t([-1.0]),
@@ -550,6 +605,7 @@ def test_gspo_sequence_length_counts_only_the_loss_tokens() -> None:
         clip_c=3.0,
         loss_mode="gspo",
     )
+    counts = metrics.counts
     assert loss.item() == pytest.approx(4.0)
     assert counts.clip_dual == 0
 
@@ -560,7 +616,7 @@ def test_cispo_hand_computed() -> None:
     # −0.693147, −0.105361]; ℓ = −w·A·lp = [−0.518995, −0.104841, −0.554518, −0.094825]
     # token-mean: −1.273179 / 4 = −0.318295
     lp = torch.log(_t([[1.5, 1.1, 0.5, 0.9]])).requires_grad_(True)
-    loss, _, counts = policy_loss(
+    loss, metrics = policy_loss(
         lp,
         torch.zeros(1, 4, dtype=F64),
         _t([[1.0, 1.0, -1.0, -1.0]]),
@@ -569,6 +625,7 @@ def test_cispo_hand_computed() -> None:
         clip_high=0.28,
         loss_mode="cispo",
     )
+    counts = metrics.counts
     assert loss.item() == pytest.approx(-0.318295, abs=1e-6)
     loss.backward()
     # ∇ = −w·A / 4: every token keeps a gradient, the clipped ones too (vanilla gives token 0
@@ -585,8 +642,8 @@ def test_cispo_clip_counts_ignore_the_sign_of_the_advantage() -> None:
     lp = torch.log(_t([[1.5, 0.5]]))
     kw = {"clip_low": 0.2, "clip_high": 0.28}
     old, adv, mask = torch.zeros(1, 2, dtype=F64), _t([[-1.0, 1.0]]), torch.ones(1, 2)
-    _, _, cispo = policy_loss(lp, old, adv, mask, loss_mode="cispo", **kw)
-    _, _, vanilla = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    cispo = policy_loss(lp, old, adv, mask, loss_mode="cispo", **kw)[1].counts
+    vanilla = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)[1].counts
     assert (cispo.clip_high, cispo.clip_low) == (1, 1)
     assert (vanilla.clip_high, vanilla.clip_low) == (0, 0)
 
@@ -609,13 +666,13 @@ def test_gspo_with_equal_ratios_in_a_sequence_is_the_vanilla_surrogate(
     row_log_ratio = 0.6 * torch.randn(B, 1, generator=g, dtype=F64)
     old = lp.detach() - row_log_ratio
     kw = {"clip_low": eps[0], "clip_high": eps[1], "agg": agg, "max_len": T}
-    gspo, _, gm = policy_loss(lp, old, adv, mask, loss_mode="gspo", **kw)
-    vanilla, _, vm = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
+    gspo, gm = policy_loss(lp, old, adv, mask, loss_mode="gspo", **kw)
+    vanilla, vm = policy_loss(lp, old, adv, mask, loss_mode="vanilla", **kw)
     torch.testing.assert_close(gspo, vanilla)
     torch.testing.assert_close(
         torch.autograd.grad(gspo, lp)[0], torch.autograd.grad(vanilla, lp)[0]
     )
-    assert (gm.clip_high, gm.clip_low) == (vm.clip_high, vm.clip_low)
+    assert (gm.counts.clip_high, gm.counts.clip_low) == (vm.counts.clip_high, vm.counts.clip_low)
 
 
 @FAST
@@ -623,7 +680,7 @@ def test_gspo_with_equal_ratios_in_a_sequence_is_the_vanilla_surrogate(
 def test_cispo_gradient_is_the_clipped_weight_times_the_score(seed: int, B: int, T: int) -> None:
     # ∇_lp Σ ℓ / N = −A·clip(r, 1 − ε_low, 1 + ε_high) / N on loss tokens, 0 elsewhere.
     lp, old, adv, mask = _batch(seed, B, T)
-    loss, _, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_mode="cispo")
+    loss, _ = policy_loss(lp, old, adv, mask, clip_low=0.2, clip_high=0.28, loss_mode="cispo")
     (grad,) = torch.autograd.grad(loss, lp)
     w = torch.exp(lp.detach() - old).clamp(0.8, 1.28)
     expected = torch.where(mask, -adv[:, None] * w, torch.zeros_like(w)) / mask.sum()
@@ -641,22 +698,26 @@ def test_cispo_gradient_is_the_clipped_weight_times_the_score(seed: int, B: int,
 def test_token_weights_scale_each_tokens_loss(
     seed: int, B: int, T: int, agg: str, loss_mode: str
 ) -> None:
-    # Rollout correction: ℓ_t → w_t·ℓ_t before the aggregation, in every mode. Ones change
-    # nothing; zeros remove a token's gradient (its count stays in the normaliser).
+    # Rollout correction: ℓ_t → w_t·ℓ_t before the aggregation. Ones change nothing, in every
+    # mode; zeros remove a token's gradient (its count stays in the normaliser) where a token's
+    # loss moves only its own log-prob (not GMPO's and LUSPO's sequence ratio, whose gradient
+    # reaches every token, nor VESPO's, which folds the weights into its sequence weight).
     lp, old, adv, mask = _batch(seed, B, T)
     kw = {"clip_low": 0.2, "clip_high": 0.28, "agg": agg, "max_len": T, "loss_mode": loss_mode}
-    plain, plain_metrics, _ = policy_loss(lp, old, adv, mask, **kw)
-    ones, ones_metrics, _ = policy_loss(lp, old, adv, mask, token_weights=torch.ones(B, T), **kw)
-    assert ones.item() == plain.item()
-    assert ones_metrics == plain_metrics
+    kw["params"], kw["selected"] = PARAMS, _selected(loss_mode, lp, old, adv, mask)
+    plain, plain_metrics = policy_loss(lp, old, adv, mask, **kw)
+    ones, ones_metrics = policy_loss(lp, old, adv, mask, token_weights=torch.ones(B, T), **kw)
+    torch.testing.assert_close(ones, plain)  # GMPO's geometric mean of ones: 1 + 1e-10
+    assert ones_metrics.counts == plain_metrics.counts
     w = torch.rand(B, T, generator=torch.Generator().manual_seed(seed), dtype=F64)
     w[:, 0] = 0.0
-    weighted, _, _ = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
+    weighted, _ = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
     (grad,) = torch.autograd.grad(weighted, lp)
-    assert bool((grad[:, 0] == 0).all())
-    # Linear in the weights: doubling them doubles the loss.
-    doubled, _, _ = policy_loss(lp, old, adv, mask, token_weights=2 * w, **kw)
-    torch.testing.assert_close(doubled, 2 * weighted)
+    if loss_mode not in ("geo_mean", "luspo", "vespo"):
+        assert bool((grad[:, 0] == 0).all())
+    if loss_mode != "vespo":  # linear in the weights: doubling them doubles the loss
+        doubled, _ = policy_loss(lp, old, adv, mask, token_weights=2 * w, **kw)
+        torch.testing.assert_close(doubled, 2 * weighted)
 
 
 # --- KL estimators -----------------------------------------------------------------------------

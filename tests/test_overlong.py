@@ -134,13 +134,13 @@ def test_filtered_rows_leave_loss_and_token_count() -> None:
     truncated = torch.tensor([False, True, False])
     kw = {"clip_low": 0.2, "clip_high": 0.28}
     for agg in ("token-mean", "seq-mean-token-mean"):
-        filtered, _, counts = policy_loss(
+        filtered, metrics = policy_loss(
             lp, old, adv, overlong_filter_mask(truncated, mask), agg=agg, **kw
         )
         kept = torch.tensor([0, 2])
-        alone, _, _ = policy_loss(lp[kept], old[kept], adv[kept], mask[kept], agg=agg, **kw)
+        alone, _ = policy_loss(lp[kept], old[kept], adv[kept], mask[kept], agg=agg, **kw)
         torch.testing.assert_close(filtered, alone)
-        assert counts.tokens == 5  # 2 + 3 tokens of the kept rows
+        assert metrics.counts.tokens == 5  # 2 + 3 tokens of the kept rows
 
 
 def test_filter_shape_errors() -> None:

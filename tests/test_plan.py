@@ -466,7 +466,7 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
         for m in range(2):  # two micro-batches: the second runs with every gradient allocated
             packed = pack(batch[m * b : (m + 1) * b], 0, "cpu")
             lp, _ = fwd(packed)
-            loss, _, _ = policy_loss(
+            loss, _ = policy_loss(
                 lp,
                 lp.detach(),
                 torch.ones(b),

@@ -96,9 +96,10 @@ def test_token_trace_counts_agree_with_the_loss() -> None:
     # The flags are the loss's own: their sums over the loss mask are policy_loss's counts.
     b = hand_batch()
     traces = traces_of(b, [0, 1, 2], [3, 3, 2])
-    _, _, counts = policy_loss(
+    _, metrics = policy_loss(
         b["lp"], b["old"], b["adv"], b["mask"], clip_low=EPS_LOW, clip_high=EPS_HIGH
     )
+    counts = metrics.counts
     flags = [c for t in traces for c, r in zip(t.clip, t.ratio, strict=True) if r is not None]
     assert counts.clip_high == flags.count(1) == 1
     assert counts.clip_low == flags.count(-1) == 2

@@ -401,7 +401,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_ones(agg: str) -> None:
         lp, ent = p.per_seq(lp_rows), p.per_seq(ent_rows)
         old = lp.detach() + 0.05 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))
         adv = torch.tensor([s.advantage for s in seqs])
-        loss, _, _ = policy_loss(lp, old, adv, p.loss_mask, clip_low=0.2, clip_high=0.28, agg=agg)
+        loss, _ = policy_loss(lp, old, adv, p.loss_mask, clip_low=0.2, clip_high=0.28, agg=agg)
         loss.backward()
         grads = torch.cat([q.grad.flatten() for q in model.parameters()])
         results.append((lp.detach(), ent, grads))

@@ -17,7 +17,13 @@ from typing import Any
 
 from dapo_core.setup.overrides import TOP_LEVEL, type_value
 
-LOSS_AGGS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+    "seq-mean-token-sum",
+)
 ADV_ESTIMATORS: tuple[str, ...] = (
     "grpo",
     "rloo",
@@ -36,7 +42,21 @@ ADV_ESTIMATORS_WITHOUT_TRAINER: tuple[str, ...] = (
     "optimal_token_baseline",
     "tir_optimal_token_baseline",
 )
-LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo", "cispo")
+LOSS_MODES: tuple[str, ...] = (
+    "vanilla",
+    "gspo",
+    "cispo",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "sapo",
+    "dppo_tv",
+    "dppo_kl",
+    "dro",
+    "gpg",
+    "luspo",
+    "vespo",
+)
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "sequence_mask", "decoupled")
 GRADERS: tuple[str, ...] = ("dapo", "lenient")
 ENGINES: tuple[str, ...] = ("hf", "vllm")
@@ -167,8 +187,9 @@ class AlgoConfig:
     clip_c: float | None = None
     """Dual-clip bound c > 1 for A < 0 (Ye et al. 2020); None disables it."""
     loss_agg: str = "seq-mean-token-mean"
-    """`seq-mean-token-mean` (GRPO, sample-level), `token-mean` (DAPO Eq. 12) or
-    `seq-mean-token-sum-norm` (Dr.GRPO's constant normaliser)."""
+    """`seq-mean-token-mean` (GRPO, sample-level), `token-mean` (DAPO Eq. 12),
+    `seq-mean-token-sum-norm` (Dr.GRPO's constant normaliser), `token-sum` or
+    `seq-mean-token-sum` (verl's sums without a length normaliser)."""
     overlong_filter: bool = False
     """Mask truncated responses out of the loss and the token count (§3.4)."""
     overlong_penalty: bool = False
@@ -197,8 +218,10 @@ class AlgoConfig:
     gdpo_reward_weights: tuple[float, float] = (1.0, 1.0)
     """GDPO's weights of its two reward components: the correctness score, the overlong penalty."""
     loss_mode: str = "vanilla"
-    """`vanilla` (token ratio, decoupled and dual clip), `gspo` (sequence-level ratio, arXiv
-    2507.18071) or `cispo` (clipped stop-gradient IS weight, arXiv 2506.13585)."""
+    """`vanilla` (token ratio, decoupled and dual clip), `gspo` (arXiv 2507.18071), `cispo`
+    (2506.13585), `clip_cov` / `kl_cov` (2505.22617), `geo_mean` (GMPO, 2507.20673), `sapo`
+    (2511.20347), `dppo_tv` / `dppo_kl` (2602.04879; clip_low/high are their divergence bounds),
+    `dro`, `gpg` (2504.02546), `luspo` (2602.05261) or `vespo` (2602.10693); docs/equations.md."""
     rollout_correction: str = "none"
     """Sampler/trainer mismatch correction: `none`, `tis` (token weights min(π_old/π_sampler,
     cap)), `mis` (tokens outside [1/cap, cap] masked), `sequence_mask` (TRL: sequences whose
@@ -208,6 +231,34 @@ class AlgoConfig:
     """Cap of the TIS weight, MIS's bound, the sequence mask's C_max or the decoupled weight's cap."""
     entropy_coef: float = 0.0
     """Entropy bonus: loss − coef · mean entropy of the response tokens (0: off, as in DAPO)."""
+    clip_cov_ratio: float = 2e-4
+    """clip_cov: share of the loss tokens whose gradient is detached (verl's default 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: tokens are drawn among those whose Cov(log π, A) term exceeds this."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: ... and is below this."""
+    kl_cov_ratio: float = 2e-4
+    """kl_cov: share of the loss tokens, those of largest Cov(log π, A), given the |log r| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: coefficient of that |log r| penalty (verl's default 0.1)."""
+    tau_pos: float = 1.0
+    """sapo: gate temperature of positive-advantage tokens (the paper's 1.0)."""
+    tau_neg: float = 1.05
+    """sapo: gate temperature of the other tokens (the paper's 1.05)."""
+    dro_beta: float | None = None
+    """dro: the quadratic log-ratio penalty β > 0; required with loss_mode=dro (no default)."""
+    vespo_k_pos: float = 2.0
+    """vespo: power k of the Gamma weight φ(w) = e^λ w^k e^{−λw} for A ≥ 0 (TRL's 2.0)."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: decay λ of the Gamma weight for A ≥ 0 (TRL's 3.0)."""
+    vespo_k_neg: float = 3.0
+    """vespo: power k for A < 0 (TRL's 3.0)."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: decay λ for A < 0 (TRL's 2.0)."""
+    top_entropy_quantile: float = 1.0
+    """Train only on this top share of loss tokens by entropy (80/20 rule, arXiv 2506.01939: 0.2); 1: all."""
+    off_policy_mask_threshold: float | None = None
+    """Drop A < 0 sequences whose mean KL(π_sampler ‖ π_θ) exceeds this (DeepSeek-V3.2; e.g. 0.5)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "algo")
@@ -257,6 +308,49 @@ class AlgoConfig:
         )
         _check(self.rollout_is_cap > 1, "algo.rollout_is_cap must be > 1")
         _check(self.entropy_coef >= 0, "algo.entropy_coef must be >= 0")
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            share = getattr(self, name)
+            _check(0 < share <= 1, f"algo.{name}={share}: a share of the loss tokens in (0, 1]")
+        _check(
+            self.clip_cov_lb < self.clip_cov_ub,
+            f"algo.clip_cov_lb={self.clip_cov_lb} must be below algo.clip_cov_ub="
+            f"{self.clip_cov_ub}: the covariance band clip_cov draws its tokens from",
+        )
+        _check(self.ppo_kl_coef >= 0, f"algo.ppo_kl_coef={self.ppo_kl_coef} must be >= 0")
+        _check(
+            self.tau_pos > 0 and self.tau_neg > 0,
+            f"algo.tau_pos={self.tau_pos}, algo.tau_neg={self.tau_neg}: SAPO's temperatures must "
+            "be > 0",
+        )
+        _check(
+            self.dro_beta is None or self.dro_beta > 0,
+            f"algo.dro_beta={self.dro_beta} must be > 0 (or unset)",
+        )
+        _check(
+            self.loss_mode != "dro" or self.dro_beta is not None,
+            "algo.loss_mode='dro' needs algo.dro_beta > 0, the weight of its quadratic log-ratio "
+            "penalty (e.g. --set algo.dro_beta=0.1)",
+        )
+        _check(
+            self.vespo_k_pos >= 0 and self.vespo_k_neg >= 0,
+            f"algo.vespo_k_pos={self.vespo_k_pos}, algo.vespo_k_neg={self.vespo_k_neg}: VESPO's "
+            "powers must be >= 0",
+        )
+        _check(
+            self.vespo_lambda_pos > 0 and self.vespo_lambda_neg > 0,
+            f"algo.vespo_lambda_pos={self.vespo_lambda_pos}, algo.vespo_lambda_neg="
+            f"{self.vespo_lambda_neg}: VESPO's decays must be > 0",
+        )
+        _check(
+            0 <= self.top_entropy_quantile <= 1,
+            f"algo.top_entropy_quantile={self.top_entropy_quantile}: the share of loss tokens to "
+            "keep, in [0, 1] (1 keeps all; the 80/20 rule keeps 0.2)",
+        )
+        _check(
+            self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
+            f"algo.off_policy_mask_threshold={self.off_policy_mask_threshold}: a KL bound > 0 "
+            "(e.g. 0.5), or unset to turn the mask off",
+        )
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,13 @@ from torch.nn.utils.rnn import pad_sequence
 from dapo_common import metric_names as M
 from dapo_core.algo.correction import rollout_correction
 from dapo_core.algo.losses import (
+    COVARIANCE_MODES,
     MAX_LOG_RATIO,
     Aggregation,
+    LossInputs,
+    LossParams,
     aggregate,
+    batch_selection,
     clip_eligible,
     entropy_bonus,
     get_aggregation,
@@ -38,6 +42,7 @@ from dapo_core.algo.losses import (
     policy_loss,
 )
 from dapo_core.algo.overlong import overlong_filter_mask
+from dapo_core.algo.token_filters import high_entropy_mask, off_policy_sequence_mask
 from dapo_core.data.loaders import decision_positions
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import (
@@ -74,6 +79,13 @@ class Counts:
     clip_eligible: float = 0.0
     decision_entropy_sum: float = 0.0
     decision_tokens: float = 0.0
+    # The loss variants' own counts (losses.LossCounts, the token filters): eligible tokens
+    # whose unclipped ratio passed 1 + ε_high, tokens a covariance loss chose, tokens of
+    # sequences the off-policy mask dropped, tokens the top-entropy filter kept.
+    natural_high: float = 0.0
+    cov_selected: float = 0.0
+    off_policy_masked: float = 0.0
+    entropy_kept: float = 0.0
 
     def add(self, other: Counts) -> None:
         for f in fields(self):
@@ -117,6 +129,7 @@ class UpdateStats:
     counts: Counts | None = None
     mismatch: dict[str, float] | None = None  # rollout_correction's sums over the batch
     old_entropy: float = math.nan  # entropy of the batch under the policy that sampled it
+    ratio_max: float = math.nan  # largest token ratio π_θ / π_θold of the applied updates
     # ... at the task's decision positions; None when the task names none (not logged then)
     decision_entropy: float | None = None
     old_logprob_s: float = 0.0
@@ -142,6 +155,11 @@ class UpdateStats:
             M.CLIP_RATIO_LOW: frac(c.clip_low, c.tokens),
             M.CLIP_RATIO_DUAL: frac(c.clip_dual, c.tokens),
             M.CLIP_RATIO_HIGH_ELIGIBLE: frac(c.clip_eligible, c.tokens),
+            M.CLIP_RATIO_HIGH_NATURAL: frac(c.natural_high, c.clip_eligible),
+            M.RATIO_MAX: self.ratio_max,
+            M.COV_SELECTED: frac(c.cov_selected, c.tokens),
+            M.OFF_POLICY_MASKED: frac(c.off_policy_masked, c.tokens),
+            M.ENTROPY_KEPT: frac(c.entropy_kept, c.tokens),
             M.ENTROPY_MEAN: self.old_entropy,
             M.MISMATCH_ABS_LOGP: frac(mm.get("mismatch_abs", 0.0), n_mm),
             M.MISMATCH_KL: frac(mm.get("mismatch_k3", 0.0), n_mm),
@@ -157,6 +175,15 @@ class UpdateStats:
 
 
 EMPTY_STATS = UpdateStats()
+
+
+@dataclass(frozen=True)
+class RowChoice:
+    """What a look at the whole mini-batch decided for one of its rows (see
+    `Updater._batch_choices`), `[R]` bool over the row's response tokens, or None."""
+
+    selected: Tensor | None  # chosen by a covariance loss (clip_cov / kl_cov)
+    keep: Tensor | None  # kept by the top-entropy filter
 
 
 class Updater:
@@ -184,6 +211,24 @@ class Updater:
         self.nonfinite_carried = 0
         self.params = [p for p in fwd.model.parameters() if p.requires_grad]
         self.agg = get_aggregation(cfg.algo.loss_agg)
+        a = cfg.algo
+        self.loss_params = LossParams(
+            clip_cov_ratio=a.clip_cov_ratio,
+            clip_cov_lb=a.clip_cov_lb,
+            clip_cov_ub=a.clip_cov_ub,
+            kl_cov_ratio=a.kl_cov_ratio,
+            ppo_kl_coef=a.ppo_kl_coef,
+            tau_pos=a.tau_pos,
+            tau_neg=a.tau_neg,
+            dro_beta=a.dro_beta,
+            vespo_k_pos=a.vespo_k_pos,
+            vespo_lambda_pos=a.vespo_lambda_pos,
+            vespo_k_neg=a.vespo_k_neg,
+            vespo_lambda_neg=a.vespo_lambda_neg,
+        )
+        # The covariance losses and the top-entropy filter choose tokens from statistics of the
+        # whole mini-batch under the current policy: a look at it before its micro-batches.
+        self.looks_ahead = a.loss_mode in COVARIANCE_MODES or a.top_entropy_quantile < 1.0
         # Response positions where the task takes its decision (the explore task's fork): the
         # entropy there is reported beside the mean (entropy/decision); () for most tasks.
         self.decision = decision_positions(cfg.data.train)
@@ -253,12 +298,14 @@ class Updater:
     def reuses_first_forward(self) -> bool:
         """Whether the update's first forward can stand in for the old-log-prob pass on its own
         sequences: no reference model (its log-probs come from the pass), no rollout-correction
-        weights (the loss needs them before the forward), and no dropout (the update's
-        train-mode forward must compute what the pass's eval-mode one does)."""
+        weights (the loss needs them before the forward), no dropout (the update's
+        train-mode forward must compute what the pass's eval-mode one does), and no look at the
+        whole mini-batch before it (`looks_ahead`: it needs every row's old log-probs)."""
         return (
             self.ref_model is None
             and self.cfg.algo.rollout_correction == "none"
             and not self._dropout
+            and not self.looks_ahead
         )
 
     def first_minibatch(
@@ -352,6 +399,7 @@ class Updater:
         norms: list[float] = []
         index_of = {id(s): i for i, s in enumerate(seqs)}
         halted = False
+        ratio_max = 0.0  # over the applied updates, this rank's rows (all ranks' at the end)
         for epoch in range(a.ppo_epochs):
             if halted:
                 break
@@ -374,10 +422,14 @@ class Updater:
                 stats.truncated_shares.append(weight_share(self.agg, lengths, truncated))
                 self.optimizer.zero_grad(set_to_none=True)
                 local = Counts()
+                local_ratio_max = [0.0]  # this mini-batch's, on this rank
                 loss_kl = torch.zeros(2, dtype=torch.float64)
                 mine = shard(rows, self.dist.rank, self.dist.world_size)
                 passes = math.ceil(math.ceil(len(rows) / self.dist.world_size) / b.micro_batch_size)
                 filled: dict[int, Tensor] = {}
+                choices = (
+                    self._batch_choices(rows, mine, passes, shuffle) if self.looks_ahead else {}
+                )
                 for i in range(passes):
                     micro = mine[i * b.micro_batch_size : (i + 1) * b.micro_batch_size]
                     # Each epoch's trace replaces the one before: the stored one is the last
@@ -392,9 +444,11 @@ class Updater:
                         num_tokens,
                         num_seqs,
                         local,
+                        local_ratio_max,
                         fill=fill,
                         watched=watched,
                         traces=stats.traces,
+                        choices=choices,
                     )
                     loss_kl += share
                     if fill:
@@ -433,7 +487,11 @@ class Updater:
                 norms.append(norm)
                 assert stats.counts is not None
                 stats.counts.add(Counts.from_tensor(totals[2:]))
+                ratio_max = max(ratio_max, local_ratio_max[0])
         self.optimizer.zero_grad(set_to_none=True)
+        if self.dist.world_size > 1:  # a collective: every rank ends `update` here
+            ratio_max = max(self.dist.all_gather_object(ratio_max))
+        stats.ratio_max = ratio_max if ratio_max > 0 else math.nan
         if watch:
             self._complete_traces(seqs, watch, stats.traces)
         if stats.empty_minibatches:
@@ -454,21 +512,84 @@ class Updater:
         keep = overlong_filter_mask(torch.tensor([s.truncated for s in rows])).bool().tolist()
         return [s for s, k in zip(rows, keep, strict=True) if k]
 
+    def _batch_choices(
+        self, rows: list[Seq], mine: list[Seq], passes: int, shuffle: torch.Generator
+    ) -> dict[int, RowChoice]:
+        """A look at the whole mini-batch before its micro-batches, for what is chosen from its
+        statistics under the current policy: the covariance losses' tokens (`batch_selection`)
+        and the top-entropy filter's (`high_entropy_mask`). One forward without gradient over
+        this rank's rows, in the same micro-batches as the update (so FSDP's collectives stay in
+        step), the rows gathered from every rank, then one choice over all of them: the same on
+        every rank and whatever the split, so micro-batch accumulation stays exact. θ does not
+        change within a mini-batch, so these are the log-probs and entropies the loss then sees.
+        Returns each row's choice, keyed by id(row)."""
+        a, mb = self.cfg.algo, self.cfg.batch.micro_batch_size
+        position = {id(s): k for k, s in enumerate(rows)}
+        seen: dict[int, tuple[Tensor, Tensor]] = {}
+        with torch.no_grad():
+            for i in range(passes):
+                micro = mine[i * mb : (i + 1) * mb]
+                if not micro:
+                    self.fwd(self._dummy())  # keep FSDP's collectives in step
+                    continue
+                packed = self._pack(micro)
+                lp, ent = self.fwd(packed)
+                for s, lp_row, ent_row in zip(
+                    micro, gather_rows(lp, packed), gather_rows(ent, packed), strict=True
+                ):
+                    seen[position[id(s)]] = (lp_row.float(), ent_row.float())
+        for part in self.dist.all_gather_object(seen):
+            seen.update(part)
+        lp_all = pad_sequence([seen[k][0] for k in range(len(rows))], batch_first=True)  # [B, T]
+        ent_all = pad_sequence([seen[k][1] for k in range(len(rows))], batch_first=True)
+        old = pad_sequence([s.old_logprobs.float() for s in rows], batch_first=True)
+        mask = pad_sequence([_row_mask(s) for s in rows], batch_first=True)  # [B, T] bool
+        adv = torch.tensor([s.advantage for s in rows], dtype=lp_all.dtype)  # [B]
+        selected = keep = None
+        if a.loss_mode in COVARIANCE_MODES:
+            # The same draw on every rank: the shuffle generator is, and it moves in step.
+            seed = int(torch.randint(2**62, (1,), generator=shuffle))
+            selected = batch_selection(
+                a.loss_mode,
+                lp_all,
+                old,
+                adv,
+                mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                params=self.loss_params,
+                generator=torch.Generator().manual_seed(seed),
+            )
+        if a.top_entropy_quantile < 1.0:
+            keep = high_entropy_mask(ent_all, mask, top_quantile=a.top_entropy_quantile)
+        out = {}
+        for k, s in enumerate(rows):
+            n = len(s.response_ids)
+            out[id(s)] = RowChoice(
+                selected[k, :n] if selected is not None else None,
+                keep[k, :n] if keep is not None else None,
+            )
+        return out
+
     def _micro_step(
         self,
         rows: Sequence[Seq],
         num_tokens: float,
         num_seqs: float,
         counts: Counts,
+        ratio_max: list[float],
         *,
         fill: bool = False,
         watched: Mapping[int, int] | None = None,
         traces: dict[int, TokenTrace] | None = None,
+        choices: Mapping[int, RowChoice] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Forward + backward of one micro-batch. Returns its (loss, kl) share of the
         mini-batch, and when `fill` each row's old log-probs: this forward's own, detached
         (θ = θ_old here). `watched` maps rows (positions in `rows`) to the keys under which
-        their `token_trace` goes into `traces`."""
+        their `token_trace` goes into `traces`; `choices` holds `_batch_choices`' per row.
+        Adds the micro-batch's counts to `counts` and raises `ratio_max[0]` to its largest
+        token ratio."""
         a = self.cfg.algo
         if not rows:  # this rank's share ran out: a zero-weight pass keeps FSDP in step
             lp, _ = self.fwd(self._dummy())
@@ -494,7 +615,34 @@ class Updater:
             keep = scatter_rows([s.token_mask.float() for s in rows], packed)  # type: ignore[union-attr]
             loss_mask = mask * keep
         loss_mask = mask if loss_mask is None else loss_mask
-        loss, _, lc = policy_loss(
+        # The token filters (TRL's): a dropped token weighs 0 in the loss and stays in its
+        # normaliser. Off-policy mask: per sequence, from this forward's log-probs.
+        keep = loss_mask.bool()
+        n_off_policy = 0.0
+        if a.off_policy_mask_threshold is not None:
+            if all(len(s.sampler_logprobs) == len(s.response_ids) for s in rows):
+                sampler = scatter_rows(
+                    [torch.tensor(s.sampler_logprobs, dtype=torch.float32) for s in rows], packed
+                )
+            else:  # no sampler log-probs from the engine: the old policy sampled (TRL's fallback)
+                sampler = old
+            seq_keep = off_policy_sequence_mask(
+                adv, lp, sampler, loss_mask, threshold=a.off_policy_mask_threshold
+            )
+            dropped = keep & ~seq_keep[:, None]
+            n_off_policy = float(dropped.sum())
+            keep = keep & ~dropped
+        picks = [choices[id(s)] for s in rows] if choices else []
+        selected = _rows_of(picks, "selected", packed)
+        kept = _rows_of(picks, "keep", packed)
+        if kept is not None:
+            keep = keep & kept
+            n_entropy_kept = float((kept & loss_mask.bool()).sum())
+        else:
+            n_entropy_kept = float(loss_mask.sum())
+        if a.off_policy_mask_threshold is not None or a.top_entropy_quantile < 1.0:
+            weights = keep.float() if weights is None else weights * keep
+        loss, metrics = policy_loss(
             lp,
             old,
             adv,
@@ -508,7 +656,11 @@ class Updater:
             max_len=self.cfg.rollout.max_response_len,
             loss_mode=a.loss_mode,
             token_weights=weights,
+            params=self.loss_params,
+            selected=selected,
         )
+        lc = metrics.counts
+        ratio_max[0] = max(ratio_max[0], lc.ratio_max)
         if want_entropy:
             loss = loss + entropy_bonus(
                 ent,
@@ -549,6 +701,7 @@ class Updater:
                     clip_low=a.clip_low,
                     clip_high=a.clip_high,
                     clip_c=a.clip_c,
+                    params=self.loss_params,
                 ),
                 strict=True,
             ):
@@ -569,6 +722,10 @@ class Updater:
                 clip_eligible=lc.clip_eligible,
                 decision_entropy_sum=dec_sum,
                 decision_tokens=dec_n,
+                natural_high=lc.natural_high,
+                cov_selected=lc.selected,
+                off_policy_masked=n_off_policy,
+                entropy_kept=n_entropy_kept,
             )
         )
         return torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64), olds
@@ -697,6 +854,7 @@ def token_trace(
     clip_low: float,
     clip_high: float,
     clip_c: float | None,
+    params: LossParams | None = None,
 ) -> list[TokenTrace]:
     """The per-token view of one loss pass for some of its rows: `logprobs`, `old_logprobs`,
     `mask` (the loss mask) and `entropy` `[B, T]` and `advantages` `[B]` exactly as that pass
@@ -715,9 +873,9 @@ def token_trace(
     lp, old = logprobs.detach()[idx], old_logprobs.detach()[idx]  # [K, T]
     m = mask[idx].bool()
     adv = advantages.detach()[idx][:, None].expand_as(lp).to(lp.dtype)  # [K, T]
-    tl = get_policy_loss(loss_mode)(
-        lp, old, adv, m, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c
-    )
+    # No covariance choice here (it moves no clip flag), so none is made.
+    x = LossInputs(lp, old, adv, m, clip_low, clip_high, clip_c, selected=torch.zeros_like(m))
+    tl = get_policy_loss(loss_mode)(x, params or LossParams())
     ratio = torch.exp((lp - old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     clip = (tl.clip_high & m).long() - (tl.clip_low & m).long()
     eligible = clip_eligible(old, adv, clip_high=clip_high)
@@ -735,6 +893,22 @@ def token_trace(
             )
         )
     return out
+
+
+def _rows_of(picks: Sequence[RowChoice], name: str, packed: Packed) -> Tensor | None:
+    """One of the rows' choices (`selected` or `keep`) in the loss layout `[B, T]` bool, or None
+    when it was not made."""
+    rows = [getattr(p, name) for p in picks]
+    if not rows or any(r is None for r in rows):
+        return None
+    return scatter_rows([r.float() for r in rows], packed).bool()
+
+
+def _row_mask(s: Seq) -> Tensor:
+    """A row's loss tokens, `[R]` bool: its response, less what the rollout correction masked."""
+    if s.token_mask is not None:
+        return s.token_mask.bool()
+    return torch.ones(len(s.response_ids), dtype=torch.bool)
 
 
 def decision_sums(entropy: Tensor, mask: Tensor, positions: Sequence[int]) -> tuple[float, float]:
