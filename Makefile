@@ -5,11 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-explore test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs bench-scale
+.PHONY: install demo demo-explore demo-mechanisms test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs bench-scale
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
 	@echo "make demo-explore  the six-arm CPU sweep on the explore task (docs/explore.md)"
+	@echo "make demo-mechanisms  Clip-Higher's dose-response and the clip's entropy probe on the lookup task, 6 seeds each, then the scoreboard (docs/mechanisms.md)"
 	@echo "make test       set up .venv and run make lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
 	@echo "make lint       ruff (lint + format check) + mypy"
 	@echo "make test-cluster  arms on a real 2-node Ray cluster started on this machine (node loss included)"
@@ -49,6 +50,16 @@ demo: $(STAMP)
 demo-explore: $(STAMP)
 	$(BIN)/dapo arms
 	$(BIN)/dapo sweep --preset explore
+
+# Issue 38: two mechanism checks on the lookup task (docs/mechanisms.md), then what each shows
+# (`dapo table --scoreboard`: the scoreboard, the dose-response and the entropy probe). Six
+# seeds: the fewest at which the exact paired sign-flip test can call a difference real at 5%
+# (db.power.exact_floor); MECH_SEEDS=0,1,2 for a quicker look.
+MECH_SEEDS ?= 0,1,2,3,4,5
+demo-mechanisms: $(STAMP)
+	$(BIN)/dapo sweep --preset lookup --ladder clip-dose --seeds $(MECH_SEEDS) --name mechanisms-clip-dose --quiet
+	$(BIN)/dapo sweep --preset lookup --ladder clip-entropy --seeds $(MECH_SEEDS) --name mechanisms-clip-entropy --quiet
+	$(BIN)/dapo table --scoreboard
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

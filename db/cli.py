@@ -148,6 +148,14 @@ def register(subparsers: Any) -> None:
         "seeds on; shown by default when an arm has them)",
     )
     table.add_argument(
+        "--scoreboard",
+        action="store_true",
+        help="instead, the mechanism scoreboard: per DAPO mechanism, the task where the platform "
+        "shows it acting, the metric it moves and its paired Δ, from the newest sweeps of the "
+        "names it lists (docs/mechanisms.md), then the detail of the clip checks measured "
+        "(Clip-Higher's dose-response, the entropy probe); with --sweep, that sweep's detail only",
+    )
+    table.add_argument(
         "--wide",
         action="store_true",
         help="text: every column, however wide (default: fit $COLUMNS, else the terminal, "
@@ -282,6 +290,12 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.effect is not None and not 0.0 < abs(args.effect) <= 100.0:
         raise ValueError(f"--effect {args.effect:g}: an effect in percentage points, 0 to 100")
     engine, url = read_only_store(args.store)
+    if args.scoreboard:
+        from db import scoreboard
+
+        with _explained(url):
+            sys.stdout.write(scoreboard.render_all(engine, args.format, sweep_id=args.sweep))
+        return 0
     with _explained(url):
         sweep_id = sweep_or_latest(engine, url, args.sweep)
         if args.mechanisms:
