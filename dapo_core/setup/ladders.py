@@ -54,7 +54,14 @@ from dapo_core.setup.config import ConfigError, ExperimentConfig
 from dapo_core.setup.overrides import field_types, type_value
 from dapo_core.setup.presets import preset_config
 
-BUILTIN_LADDERS: tuple[str, ...] = ("paper", "beyond-dapo", "dr-grpo", "clip-dose", "clip-entropy")
+BUILTIN_LADDERS: tuple[str, ...] = (
+    "paper",
+    "beyond-dapo",
+    "dr-grpo",
+    "clip-dose",
+    "clip-entropy",
+    "estimators",
+)
 """Ladders shipped in dapo_core/setup/ladders/<name>.toml; `paper` is the DAPO paper's Table 1."""
 
 # Arm names key runs in the store (runs.arm is String(100)), name Prefect flow runs
