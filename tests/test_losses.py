@@ -254,6 +254,38 @@ def test_garbage_in_padding_stays_out_of_loss_and_gradient(agg: str, loss_mode: 
     assert all(math.isfinite(v) for v in metrics.values())
 
 
+@FAST
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 5),
+    T=st.integers(1, 6),
+    agg=st.sampled_from(AGG_MODES),
+    loss_mode=st.sampled_from(LOSS_MODES),
+    junk=st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e30]),
+)
+def test_what_padding_holds_never_reaches_loss_choice_or_gradient(
+    seed: int, B: int, T: int, agg: str, loss_mode: str, junk: float
+) -> None:
+    # The same batch twice, its masked positions clean or holding junk (in the log-probs, the
+    # old log-probs and the weights): the same covariance choice, loss, gradient and counts.
+    lp, old, adv, mask = _batch(seed, B, T)
+    w = 2 * torch.rand(B, T, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    dirty_lp = torch.where(mask, lp.detach(), junk).requires_grad_(True)
+    dirty_old, dirty_w = torch.where(mask, old, junk), torch.where(mask, w, junk)
+    clean_sel = _selected(loss_mode, lp, old, adv, mask)
+    dirty_sel = _selected(loss_mode, dirty_lp, dirty_old, adv, mask)
+    assert (clean_sel is None and dirty_sel is None) or torch.equal(clean_sel, dirty_sel)
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 3.0, "agg": agg, "max_len": T}
+    kw.update(loss_mode=loss_mode, params=PARAMS, selected=clean_sel)
+    clean, clean_m = policy_loss(lp, old, adv, mask, token_weights=w, **kw)
+    dirty, dirty_m = policy_loss(dirty_lp, dirty_old, adv, mask, token_weights=dirty_w, **kw)
+    torch.testing.assert_close(dirty, clean)
+    (g_clean,) = torch.autograd.grad(clean, lp)
+    (g_dirty,) = torch.autograd.grad(dirty, dirty_lp)
+    torch.testing.assert_close(g_dirty, g_clean)
+    assert dirty_m.counts == clean_m.counts
+
+
 def test_masked_mean() -> None:
     x = _t([[1.0, 2.0], [3.0, float("nan")]])
     m = torch.tensor([[1, 0], [1, 0]])
