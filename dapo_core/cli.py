@@ -177,6 +177,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # Converted, tokenizer files, chat template, vocabulary: one line, before anything is written.
     check_model(cfg.model.name_or_path, chat=needs_chat_template(cfg.data.prompt_template))
+    from dapo_core.train.trackers import check_trackers, tracker_hints
+
+    check_trackers(cfg.to_dict())  # a backend a tracker refuses: one line, nothing written
     _logging()
 
     import functools
@@ -197,6 +200,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps{on}) -> {out}",
         flush=True,
     )
+    for line in tracker_hints(cfg.to_dict(), out):
+        print(line, flush=True)
     with _removed_if_left_empty(out):
         result = launch_local(
             cfg,

@@ -338,6 +338,13 @@ def cmd_table(args: argparse.Namespace) -> int:
         out = _with_holm(out, args.format, ablation.holm_stars(table), wide=args.wide)
     if args.efficiency or args.threshold is not None:
         out = _with_efficiency(out, args.format, table, reached, wide=args.wide)
+    if args.format != "csv":  # which trackers the runs reached (run.loggers), one line each
+        from db import tracker_status
+
+        lines = tracker_status.of_sweep(engine, sweep_id)
+        if lines:
+            bullet = "- " if args.format == "markdown" else ""
+            out = out.rstrip("\n") + "\n\n" + "\n".join(bullet + line for line in lines) + "\n"
     sys.stdout.write(out)
     return 0
 

@@ -289,7 +289,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     raw = sweep_raw(args, ladder, arms)
     # The same checks the flow makes, here first: a user mistake costs no Prefect start-up,
     # writes nothing, and is one line with exit 2.
-    params, _store, jobs = checks.prepare_sweep(raw, args.sweep)
+    params, store, jobs = checks.prepare_sweep(raw, args.sweep)
     ray_worker.probe_if_remote(params.ray_address)
     from flows.cluster import preflight
 
@@ -303,12 +303,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     from flows.sweep import ablation_sweep
 
-    display = Display(quiet=args.quiet)
+    display = Display(quiet=args.quiet, hints=_tracker_hints(store, jobs))
     state = _run_flow(ablation_sweep, display, **raw, sweep_id=args.sweep)
     wall = time.perf_counter() - t0
     sweep_id = args.sweep or display.sweep_id
     if sweep_id is not None:
         print_table(params.store_url, sweep_id, failed=not state.is_completed())
+        print_trackers(params.store_url, sweep_id)
     results = state.result(raise_on_failure=False) if state.is_completed() else None
     if results:
         print(
@@ -391,6 +392,7 @@ def cmd_arm(args: argparse.Namespace) -> int:
         if isinstance(lost, RunHeld):  # another command claimed the arm first: its one line
             raise lost
     print_table(args.store, sweep_id, failed=not state.is_completed())
+    print_trackers(args.store, sweep_id)
     if not state.is_completed():
         print(
             f"error: arm {args.arm} seed {args.seed} {state.name.lower()}: {_state_line(state)}",
@@ -532,13 +534,15 @@ def use_temporary_server(*, wait: bool = True) -> Any:
 
 
 class Display:
-    """The terminal view of a sweep: one timestamped line per event."""
+    """The terminal view of a sweep: one timestamped line per event. `hints`: the lines that
+    say where to watch the trackers of a sweep, once its id is known (_tracker_hints)."""
 
-    def __init__(self, *, quiet: bool) -> None:
+    def __init__(self, *, quiet: bool, hints: Any = None) -> None:
         self.quiet = quiet
         self.sweep_id: int | None = None
         self.slots: int | None = None
         self.t0 = time.perf_counter()
+        self._hints = hints
 
     def __call__(self, message: str, data: dict[str, Any]) -> None:
         if "sweep_id" in data:
@@ -549,6 +553,10 @@ class Display:
             print(f"[{progress.duration(time.perf_counter() - self.t0)}] {message}", flush=True)
         elif message.startswith("warning: "):  # not progress: --quiet keeps it, on stderr
             print(message, file=sys.stderr, flush=True)
+        if self._hints is not None and self.sweep_id is not None:
+            hints, self._hints = self._hints, None
+            for line in hints(self.sweep_id):
+                print(line, flush=True)
 
 
 # Prefect's own setting for a flow run's heartbeats: honoured when the user sets it.
@@ -599,6 +607,40 @@ def print_table(store_url: str | None, sweep_id: int, *, failed: bool = False) -
             return
         raise explain(error, url) from error
     print(f"\n{table}", flush=True)
+
+
+def print_trackers(store_url: str | None, sweep_id: int) -> None:
+    """Which trackers the sweep's runs reached (db.tracker_status), under its table; nothing
+    when its runs name none, or the store cannot say."""
+    import sqlalchemy as sa
+
+    from db import tracker_status
+    from db.engine import get_engine, resolve_url
+
+    try:
+        lines = tracker_status.of_sweep(get_engine(resolve_url(store_url)), sweep_id)
+    except (sa.exc.SQLAlchemyError, ConnectionError, LookupError):
+        return
+    for line in lines:
+        print(line, flush=True)
+
+
+def _tracker_hints(store: Any, jobs: list[Any]) -> Any:
+    """A function of a sweep's id: the lines that say where to watch the trackers its arms
+    name (dapo_core.train.trackers.tracker_hints, for the sweep's folder of run directories);
+    None when no arm names one."""
+    configs = [job.config for job in jobs if job.config.get("run", {}).get("loggers")]
+    if not configs:
+        return None
+    from dapo_core.train.trackers import tracker_hints
+    from flows import plan
+
+    def hints(sweep_id: int) -> list[str]:
+        # The folder plan.fresh_run_dir puts the sweep's run directories in.
+        folder = plan.fresh_run_dir(plan.runs_dir(), store.store_id, sweep_id, "a", 0, "h", 0)
+        return tracker_hints(configs[0], folder.parent, sweep=True)
+
+    return hints
 
 
 def latest_sweep_id(url: str) -> int:

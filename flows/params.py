@@ -309,6 +309,21 @@ class SweepParams(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _trackers(self) -> SweepParams:
+        """A tracker backend its library refuses (MLflow's file store, an unknown URI scheme)
+        is one line here, before the sweep exists, not a warning in every arm."""
+        from dapo_core.train.trackers import check_trackers
+
+        ladder = self.parsed_ladder
+        for arm in self.arms:
+            try:
+                config = ladder.config(arm, self.preset, self.config_overrides(0))
+            except ValueError:  # the sweep's config checks (plan.sweep_jobs) say it their way
+                continue
+            check_trackers(config.to_dict())
+        return self
+
+    @model_validator(mode="after")
     def _adaptive(self) -> SweepParams:
         """An adaptive sweep's comparisons name two arms of the sweep each, and its plan of
         rounds can decide something (db.sequential.plan_looks)."""

@@ -10,7 +10,7 @@ Prefect's UI leaves a table about 880 px; every other column follows, a scroll a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dapo_common.util import first_line
@@ -69,8 +69,12 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
             + decisions_format.CAPTION
             + f". {extra['protocol']}",
         )
+    from db import tracker_status
+
     create_markdown_artifact(
-        markdown=summary_markdown(table, sweep, note, extra),
+        markdown=summary_markdown(
+            table, sweep, note, extra, trackers=tracker_status.of_sweep(get_engine(url), sweep_id)
+        ),
         key=plan.artifact_key("ablation-summary", sweep_id),
         description=f"Summary of sweep {sweep_id}",
     )
@@ -107,10 +111,13 @@ def summary_markdown(
     sweep: Mapping[str, Any],
     note: str | None,
     extra: Mapping[str, Any] | None = None,
+    *,
+    trackers: Sequence[str] = (),
 ) -> str:
     """Title, what ran, the note (an error) if any, then the table with its headline, its
     comparisons (exact p, MDE, seeds needed; an adaptive sweep's decisions) and its protocol
-    (`extra`: db.report.extras)."""
+    (`extra`: db.report.extras); last, which trackers the runs reached (`trackers`:
+    db.tracker_status.of_sweep's lines)."""
     from db.table_format import render
 
     arms, seeds = list(sweep.get("arms") or []), list(sweep.get("seeds") or [])
@@ -123,4 +130,6 @@ def summary_markdown(
     if note:
         lines += ["", f"**{note}**"]
     lines += ["", render(table, "markdown", dict(sweep), artifact=True, **dict(extra or {}))]
+    if trackers:
+        lines += ["", *(f"- {line}" for line in trackers)]
     return "\n".join(lines)

@@ -20,6 +20,24 @@ a markdown text summary).
 
 A run that resumes in the same directory continues the same tracker run: the ids are kept in
 `<out_dir>/trackers.json`.
+
+Which trackers a run reached is part of its record: every evaluation the primary sink gets
+carries `trackers` (TRACKERS_KEY): per tracker its state (reached, missing, failed, dropped),
+the tracker's run id and where to find it (a URL, a TensorBoard log directory, a W&B offline
+directory), or the one line of why not. The store keeps it in the evaluation's `extra`, where
+the sweep summary, `dapo table` and the dashboard's Run page read it (db/trackers.py).
+
+`check_trackers(config)` is the check before anything is written: a backend the tracker's own
+library refuses (MLflow 3.17's file store without MLFLOW_ALLOW_FILE_STORE=true, a URI scheme
+MLflow has no store for) is one line (ConfigError). A local SQLite MLflow store that several
+arms open at once is created and migrated once, under a file lock beside it: MLflow migrates a
+fresh database on first open, and two processes doing so at once collide ("duplicate column
+name: step").
+
+TensorBoard's event files of a sweep's run go to `<sweep dir>/tensorboard/<arm>-s<seed>` (the
+sweep dir holds the sweep's run directories), so that `tensorboard --logdir <sweep
+dir>/tensorboard` names each run like the table does; a run outside a sweep (`dapo train`)
+keeps them in `<out_dir>/tensorboard`.
 """
 
 from __future__ import annotations
@@ -37,7 +55,7 @@ from typing import Any
 
 from dapo_common.samples import SAMPLE_FIELDS
 from dapo_common.util import flatten
-from dapo_core.setup.config import LOGGERS, ExperimentConfig
+from dapo_core.setup.config import LOGGERS, ConfigError, ExperimentConfig
 from dapo_core.train.protocols import MetricsSink
 
 log = logging.getLogger(__name__)
@@ -49,6 +67,12 @@ DEFAULT_PROJECT = "dapo-lab"
 $MLFLOW_EXPERIMENT_NAME say otherwise."""
 SAMPLE_COLUMNS = ("step", *SAMPLE_FIELDS)
 """The columns of a step's sample table: the step, then the sample record's fields."""
+TRACKERS_KEY = "trackers"
+"""The key of an evaluation's result (the store's `extra`) that says which trackers the run
+reached: {name: {"state": ..., "run_id"?, "url"?, "logdir"?, "dir"?, "error"?}}."""
+REACHED, MISSING, FAILED, DROPPED = "reached", "missing", "failed", "dropped"
+"""A tracker's state in a run: logging there; its library not installed; refused at the start;
+dropped after an error while the run went on."""
 
 
 def install_hint(name: str) -> str:
@@ -124,41 +148,64 @@ class FanoutSink:
         trackers: Mapping[str, MetricsSink] | None = None,
         *,
         opener: Callable[[], Mapping[str, MetricsSink]] | None = None,
+        status: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.primary = primary
         self.trackers: dict[str, MetricsSink] = dict(trackers or {})
         self._opener = opener
+        self.status: dict[str, dict[str, Any]] = status if status is not None else {}
+        """Per tracker name, where the run stands with it (TRACKERS_KEY); `opener` fills it."""
+        for name, tracker in self.trackers.items():
+            self.status.setdefault(name, {"state": REACHED, **where_of(tracker)})
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.primary.log_metrics(step, metrics)
-        self._each("log_metrics", lambda t: t.log_metrics(step, metrics))
+        self._each("log_metrics", lambda t: t.log_metrics(step, metrics), step)
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         self.primary.log_samples(step, samples)
-        self._each("log_samples", lambda t: t.log_samples(step, samples))
+        self._each("log_samples", lambda t: t.log_samples(step, samples), step)
 
     def log_evaluation(self, step: int, result: Mapping[str, Any]) -> None:
-        self.primary.log_evaluation(step, result)
-        self._each("log_evaluation", lambda t: t.log_evaluation(step, result))
+        # The trackers are opened first, so that the primary's record of this evaluation says
+        # which of them the run reached (the first evaluation is the run's first call).
+        self._open()
+        recorded = {**result, TRACKERS_KEY: self.report()} if self.status else result
+        self.primary.log_evaluation(step, recorded)
+        self._each("log_evaluation", lambda t: t.log_evaluation(step, result), step)
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """A copy of `status`, for a record."""
+        return {name: dict(record) for name, record in self.status.items()}
 
     def close(self) -> None:
         self._opener = None  # nothing was logged: no tracker run to open only to close it
         try:
             self.primary.close()
         finally:
-            self._each("close", lambda t: t.close())
+            self._each("close", lambda t: t.close(), None)
             self.trackers.clear()
 
-    def _each(self, what: str, call: Callable[[MetricsSink], None]) -> None:
+    def _open(self) -> None:
         if self._opener is not None:
             opener, self._opener = self._opener, None
             self.trackers.update(opener())
+
+    def _each(self, what: str, call: Callable[[MetricsSink], None], step: int | None) -> None:
+        self._open()
         for name, tracker in list(self.trackers.items()):
             try:
                 call(tracker)
             except Exception as exc:
                 del self.trackers[name]
                 _warn(name, f"{what} failed", exc)
+                self.status[name] = {
+                    **self.status.get(name, {}),
+                    "state": DROPPED,
+                    "error": f"{what} failed"
+                    + ("" if step is None else f" at step {step}")
+                    + f" ({_reason(exc)})",
+                }
                 if what != "close":
                     try:
                         tracker.close()
@@ -172,21 +219,37 @@ class FanoutSink:
         self.close()
 
 
-def _warn(name: str, what: str, exc: BaseException) -> None:
+def _reason(exc: BaseException) -> str:
+    """`Type: first line` of an exception (its first line cut to 300 characters)."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if len(text) > 300:
+        text = text[:299] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _warn(name: str, what: str, exc: BaseException) -> None:
     log.warning(
         "tracker %s: %s (%s); dropped, the run goes on and the store keeps every number",
         name,
         what,
-        reason,
+        _reason(exc),
     )
 
 
-def open_trackers(names: Sequence[str], run: TrackedRun) -> dict[str, MetricsSink]:
+def where_of(tracker: MetricsSink) -> dict[str, str]:
+    """Where a tracker keeps the run (its `where`: run id, URL, log directory), if it says."""
+    found = getattr(tracker, "where", None)
+    return {str(k): str(v) for k, v in dict(found).items() if v} if found else {}
+
+
+def open_trackers(
+    names: Sequence[str], run: TrackedRun, status: dict[str, dict[str, Any]] | None = None
+) -> dict[str, MetricsSink]:
     """The trackers `names` for `run`, each started now; one that cannot start (its library is
-    missing, its server refuses) is left out with one warning line."""
+    missing, its server refuses) is left out with one warning line. `status` gets each name's
+    state (REACHED with where the tracker keeps the run, MISSING, FAILED with the reason)."""
     opened: dict[str, MetricsSink] = {}
+    status = {} if status is None else status
     for name in names:
         if name not in TRACKERS:
             raise ValueError(f"unknown tracker {name!r} (use any of {', '.join(LOGGERS)})")
@@ -201,8 +264,12 @@ def open_trackers(names: Sequence[str], run: TrackedRun) -> dict[str, MetricsSin
                 missing,
                 install_hint(name),
             )
+            status[name] = {"state": MISSING, "error": f"not installed: {install_hint(name)}"}
         except Exception as exc:
             _warn(name, "could not start", exc)
+            status[name] = {"state": FAILED, "error": f"could not start ({_reason(exc)})"}
+        else:
+            status[name] = {"state": REACHED, **where_of(opened[name])}
     return opened
 
 
@@ -218,7 +285,109 @@ def with_trackers(
     if not names:
         return primary
     run = tracked_run(config, out_dir, tags)
-    return FanoutSink(primary, opener=lambda: open_trackers(names, run))
+    status: dict[str, dict[str, Any]] = {}
+    return FanoutSink(primary, opener=lambda: open_trackers(names, run, status), status=status)
+
+
+def check_trackers(config: Mapping[str, Any]) -> None:
+    """ConfigError (one line) when a tracker `config`'s run.loggers names would refuse the
+    backend it is given, before anything is written: for MLflow, run.mlflow_uri (else
+    $MLFLOW_TRACKING_URI) asked of MLflow's own store registry and, for its file store, of the
+    file store itself (MLflow 3.17 refuses it unless MLFLOW_ALLOW_FILE_STORE=true). A library
+    that is not installed is not refused here: the run warns once and goes on (open_trackers)."""
+    run = config.get("run", {})
+    if "mlflow" in (run.get("loggers") or ()):
+        given = str(run.get("mlflow_uri") or "")
+        uri = given or os.environ.get("MLFLOW_TRACKING_URI", "")
+        where = f"run.mlflow_uri={uri}" if given else f"MLFLOW_TRACKING_URI={uri}"
+        problem = mlflow_refusal(uri) if uri else None
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
+
+
+def tracker_hints(
+    config: Mapping[str, Any], out_dir: str | Path, *, sweep: bool = False
+) -> list[str]:
+    """Where to look at a run's trackers while it trains, one line each (TensorBoard's log
+    directory, MLflow's store), for `dapo train` (`out_dir`: the run directory) and `dapo
+    sweep` (`sweep`: `out_dir` is the sweep's folder of run directories)."""
+    run = config.get("run", {})
+    names = list(run.get("loggers") or ())
+    out = Path(out_dir)
+    lines = []
+    if "tensorboard" in names:
+        lines.append(f"TensorBoard: tensorboard --logdir {out / TENSORBOARD_DIR}")
+    if "mlflow" in names:
+        uri = str(run.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
+        if not uri and sweep:
+            lines.append(
+                f"MLflow: a SQLite store in each run directory under {out} ({MLFLOW_DIR}/"
+                "mlflow.db; set run.mlflow_uri or MLFLOW_TRACKING_URI for one store of all)"
+            )
+        else:
+            if not uri:
+                uri = f"sqlite:///{(out / MLFLOW_DIR / 'mlflow.db').absolute()}"
+            shown = _safe_uri(uri)
+            lines.append(
+                f"MLflow: mlflow ui --backend-store-uri {shown}"
+                if shown.startswith("sqlite:")
+                else f"MLflow: {shown}"
+            )
+    return lines
+
+
+MLFLOW_DATABASE_SCHEMES = frozenset(
+    {"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
+)
+"""Tracking URI schemes MLflow 3 has a store for (`postgresql+psycopg` counts as postgresql)."""
+
+
+def mlflow_refusal(uri: str) -> str | None:
+    """Why the installed MLflow would refuse tracking URI `uri`, in words a user can act on;
+    None when it takes it (or MLflow is not installed: nothing to ask)."""
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme
+    if len(scheme) == 1:  # a Windows drive letter: a path
+        scheme = ""
+    if scheme.split("+")[0] in MLFLOW_DATABASE_SCHEMES:
+        return None  # taken by every MLflow 3; no need to import it (seconds) to ask
+    try:
+        import mlflow
+        from mlflow.exceptions import MlflowException
+    except ImportError:
+        return None
+    if scheme in ("", "file"):
+        try:
+            from mlflow.store.tracking.file_store import FileStore
+        except ImportError:
+            return None
+        import tempfile
+
+        # The file store's own check (it reads MLFLOW_ALLOW_FILE_STORE), on a scratch folder.
+        with tempfile.TemporaryDirectory(prefix="dapo-mlflow-check-") as scratch:
+            try:
+                FileStore(scratch)
+            except MlflowException:
+                return (
+                    f"MLflow {mlflow.__version__} refuses its file store (a path or file: URI) "
+                    "unless MLFLOW_ALLOW_FILE_STORE=true: give a database, e.g. "
+                    "sqlite:///PATH/mlflow.db, or a server's http:// URL (or no URI: a SQLite "
+                    "store in each run directory)"
+                )
+        return None
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except ImportError:  # a later MLflow moved it: the tracker's start says it instead
+        return None
+    try:
+        _tracking_store_registry.get_store_builder(uri)
+    except MlflowException:
+        return (
+            f"MLflow {mlflow.__version__} has no tracking store for {scheme}:// URIs "
+            "(sqlite:///PATH/mlflow.db, postgresql://..., http(s):// of a server work)"
+        )
+    return None
 
 
 def open_with_trackers(
@@ -296,17 +465,52 @@ def _save_id(out_dir: Path, tracker: str, run_id: str) -> None:
 
 # --- TensorBoard -----------------------------------------------------------------------------
 TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_OWNER = ".dapo-run"
+"""In a sweep's TensorBoard folder of one run: the run directory it belongs to."""
+
+
+def tensorboard_dirs(run: TrackedRun) -> tuple[Path, Path]:
+    """(the log directory to point `tensorboard --logdir` at, this run's event folder).
+
+    A run of a sweep (its directory `.../sweep-<id>/<arm>-s<seed>-<hash>-run<id>`) writes to
+    `.../sweep-<id>/tensorboard/<arm>-s<seed>`: TensorBoard names a run by its folder below the
+    log directory, so the sweep's runs read `grpo-s0`, `dapo-s0`, as in the table. The folder
+    records its run directory (TENSORBOARD_OWNER): a resumed run continues it; another attempt
+    of the same arm and seed, started over in a directory of its own, gets `<arm>-s<seed>-run<id>`
+    instead of writing into the first one's curves. Any other run: `<out_dir>/tensorboard`."""
+    sweep = run.tags.get("sweep")
+    if not sweep or run.out_dir.parent.name != f"sweep-{sweep}":
+        own = run.out_dir / TENSORBOARD_DIR
+        return own, own
+    root = run.out_dir.parent / TENSORBOARD_DIR
+    base = f"{run.tags.get('arm', 'run')}-s{run.tags.get('seed', 0)}"
+    mine = str(run.out_dir.resolve())
+    names = [base, *([f"{base}-run{run.tags['run_id']}"] if "run_id" in run.tags else [])]
+    for name in [*names, f"{base}-{run.out_dir.name}"]:
+        folder = root / name
+        owner = folder / TENSORBOARD_OWNER
+        try:
+            taken = owner.read_text(encoding="utf-8").strip() != mine
+        except OSError:
+            taken = folder.exists() and any(folder.iterdir())
+        if not taken:
+            folder.mkdir(parents=True, exist_ok=True)
+            owner.write_text(mine + "\n", encoding="utf-8")
+            return root, folder
+    own = run.out_dir / TENSORBOARD_DIR  # unreachable: the last name is the run directory's
+    return own, own
 
 
 class TensorBoardSink:
-    """Event files in <out_dir>/tensorboard (torch's SummaryWriter; needs the `tensorboard`
-    package). Rollouts are a markdown table in a text summary per step."""
+    """Event files for TensorBoard (torch's SummaryWriter; needs the `tensorboard` package),
+    where tensorboard_dirs says. Rollouts are a markdown table in a text summary per step."""
 
     def __init__(self, run: TrackedRun) -> None:
         import tensorboard  # noqa: F401  (torch's writer needs it; say so by its name)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = run.out_dir / TENSORBOARD_DIR
+        root, self.log_dir = tensorboard_dirs(run)
+        self.where = {"logdir": str(root), "run": self.log_dir.name if root != self.log_dir else ""}
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         tags = "\n".join(f"| {k} | {v} |" for k, v in sorted(run.tags.items()))
         self.writer.add_text("run/tags", f"| tag | value |\n|---|---|\n{tags}", 0)
@@ -372,18 +576,14 @@ class MlflowSink:
     the run's tags, rollouts a `samples/step_<n>.json` table per step (`log_table`)."""
 
     def __init__(self, run: TrackedRun) -> None:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         uri, artifacts = mlflow_uri(run)
-        self.client = MlflowClient(tracking_uri=uri)
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = (
-            found.experiment_id
-            if found is not None
-            else self.client.create_experiment(experiment, artifact_location=artifacts)
-        )
+        with sqlite_lock(uri):  # the store's creation and migration, and the experiment's
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment_id = _experiment_id(self.client, experiment, artifacts)
         previous = _load_ids(run.out_dir).get("mlflow")
         self.run_id = ""
         if previous:
@@ -394,16 +594,20 @@ class MlflowSink:
             except Exception:  # another tracking store, or the run was deleted: start anew
                 self.run_id = ""
         if not self.run_id:
-            tags = {f"dapo.{k}": v for k, v in run.tags.items()}
-            created = self.client.create_run(experiment_id, run_name=run.name, tags=tags)
+            # The run's tags once, by their own names (arm, seed, ...), as `dapo export` does.
+            created = self.client.create_run(
+                experiment_id, run_name=run.name, tags=dict(sorted(run.tags.items()))
+            )
             self.run_id = created.info.run_id
             params = [Param(k, _param(v)) for k, v in sorted(run.config.items())]
             for i in range(0, len(params), 100):  # log_batch takes at most 100 params a call
                 self.client.log_batch(self.run_id, params=params[i : i + 100])
-            self.client.log_batch(
-                self.run_id, tags=[RunTag(k, v) for k, v in sorted(run.tags.items())]
-            )
             _save_id(run.out_dir, "mlflow", self.run_id)
+        self.where = {
+            "run_id": self.run_id,
+            "uri": _safe_uri(uri),
+            "url": mlflow_run_url(uri, experiment_id, self.run_id) or "",
+        }
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self._log(step, finite(metrics))
@@ -428,6 +632,59 @@ class MlflowSink:
         metrics = [Metric(k, v, now, int(step)) for k, v in values.items()]
         for i in range(0, len(metrics), 1000):  # log_batch's cap
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+
+def sqlite_lock(uri: str) -> Any:
+    """A file lock beside a SQLite tracking store (`<db>.lock`), held while MLflow creates and
+    migrates it: two arms opening a fresh store at once would both migrate it ("duplicate
+    column name: step"); any other URI: no lock (a server or a database server serialises)."""
+    import contextlib
+
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri == f"{prefix}:memory:":
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    db = Path(uri[len(prefix) :].split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db.with_name(db.name + ".lock")))
+
+
+def _experiment_id(client: Any, name: str, artifacts: str | None) -> str:
+    """The experiment's id, created when missing; another process creating it first (a server
+    store has no lock of ours) is read back instead of failing."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    try:
+        return str(client.create_experiment(name, artifact_location=artifacts))
+    except MlflowException:
+        again = client.get_experiment_by_name(name)
+        if again is None:
+            raise
+        return str(again.experiment_id)
+
+
+def mlflow_run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in an MLflow server's UI (http/https tracking URIs); None for a store
+    read by `mlflow ui` (its address is whatever that command serves)."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _safe_uri(uri: str) -> str:
+    """A tracking URI without a password (postgresql://user:secret@host/db)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _param(value: Any) -> str:
@@ -462,6 +719,13 @@ class WandbSink:
             settings=wandb.Settings(silent=True, console="off"),
         )
         _save_id(run.out_dir, "wandb", run_id)
+        offline = bool(getattr(self.run, "offline", False))
+        self.where = {
+            "run_id": run_id,
+            "url": "" if offline else str(getattr(self.run, "url", "") or ""),
+            # An offline run's folder: `wandb sync <dir>` uploads it.
+            "dir": str(self.run.settings.sync_dir) if offline else "",
+        }
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(finite(metrics), step=int(step))
@@ -500,6 +764,10 @@ class TrackioSink:
             auto_log_cpu=False,
         )
         _save_id(run.out_dir, "trackio", name)
+        self.where = {
+            "run_id": name,
+            "project": os.environ.get("TRACKIO_PROJECT") or DEFAULT_PROJECT,
+        }
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(finite(metrics), step=int(step))

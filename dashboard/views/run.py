@@ -9,7 +9,7 @@ from dapo_common.util import duration
 from dashboard import configs, notes, progress, run_curves, shaping, widgets
 from db import annotations as ann
 from db import live as in_flight
-from db import reads, run_index, table_format
+from db import reads, run_index, table_format, tracker_status
 
 st.title("Run")
 engine = widgets.store()
@@ -46,6 +46,9 @@ st.markdown(
     f"finished {shaping.format_time(run.get('finished_at'))}"
 )
 st.markdown(f"Checkpoint dir: `{run.get('checkpoint_dir') or 'none recorded'}`")
+reached = tracker_status.of_runs(engine, [run_id]).get(int(run_id))
+if reached:  # the trackers of run.loggers: which the run reached, and where (db.tracker_status)
+    st.markdown("Trackers: " + tracker_status.run_line(reached, markdown=True))
 widgets.show_flow_run_link(run.get("flow_run_id"))
 
 st.subheader("What this arm changes")
