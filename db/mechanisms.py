@@ -73,6 +73,10 @@ PERCENT: frozenset[str] = frozenset(
         M.ACC_MEAN,
         M.CLIP_RATIO_DUAL,
         M.CLIP_RATIO_HIGH_ELIGIBLE,
+        M.CLIP_RATIO_HIGH_NATURAL,
+        M.COV_SELECTED,
+        M.OFF_POLICY_MASKED,
+        M.ENTROPY_KEPT,
     }
 )
 # A metric shown beside another when the sweep's runs logged it, and left out (no row, no
@@ -111,6 +115,21 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "algo.entropy_coef": (M.ENTROPY_MEAN,),
     "algo.rollout_correction": (M.IS_MASKED_FRAC,),
     "algo.rollout_is_cap": (M.IS_MASKED_FRAC,),
+    # the trust-region family (Cui et al. 2025, arXiv 2505.22617, and the losses beside it): a
+    # loss's change shows in the tokens it treats apart (the covariance losses' share; 0 for the
+    # others) and in the entropy they are all about; the natural ratio tail says how hard the
+    # update pushed against a bound, whether or not the loss clips
+    "algo.loss_mode": (M.COV_SELECTED, M.ENTROPY_MEAN, M.CLIP_RATIO_HIGH_NATURAL),
+    "algo.clip_cov_ratio": (M.COV_SELECTED, M.ENTROPY_MEAN),
+    "algo.clip_cov_lb": (M.COV_SELECTED,),
+    "algo.clip_cov_ub": (M.COV_SELECTED,),
+    "algo.kl_cov_ratio": (M.COV_SELECTED, M.ENTROPY_MEAN),
+    "algo.ppo_kl_coef": (M.ENTROPY_MEAN,),
+    "algo.tau_pos": (M.ENTROPY_MEAN,),
+    "algo.tau_neg": (M.ENTROPY_MEAN,),
+    # the token filters: the share they keep or drop
+    "algo.top_entropy_quantile": (M.ENTROPY_KEPT, M.ENTROPY_MEAN),
+    "algo.off_policy_mask_threshold": (M.OFF_POLICY_MASKED,),
 }
 FOCUS_MARK = "◆"  # before a metric the arm's change is about
 # Said once under a table whose one-seed values are bare numbers (table_format's, without its n

@@ -395,3 +395,30 @@ def test_natural_tail_and_ratio_max_hand_computed() -> None:
         assert metrics.counts.clip_eligible == 2 and metrics.counts.natural_high == 1, mode
         assert metrics[M.CLIP_RATIO_HIGH_NATURAL] == pytest.approx(0.5), mode
         assert metrics[M.RATIO_MAX] == pytest.approx(1.9), mode
+
+
+# --- the mechanism table -------------------------------------------------------------------------
+
+
+def test_the_mechanism_table_shows_what_each_variant_is_about() -> None:
+    import dataclasses
+
+    from dapo_core.setup.config import ExperimentConfig
+    from db import mechanisms
+
+    config = ExperimentConfig()
+    fields = {
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(config)
+        if dataclasses.is_dataclass(getattr(config, section.name))
+        for f in dataclasses.fields(getattr(config, section.name))
+    }
+    assert set(mechanisms.FOCUS) <= fields  # every key a config field, spelled as stored
+    assert mechanisms.focus_metrics(["algo.loss_mode"])[0] == M.COV_SELECTED
+    assert mechanisms.focus_metrics(["algo.top_entropy_quantile"])[0] == M.ENTROPY_KEPT
+    assert mechanisms.focus_metrics(["algo.off_policy_mask_threshold"]) == (M.OFF_POLICY_MASKED,)
+    # Shown when the runs logged them, in percent.
+    logged = [M.COV_SELECTED, M.ENTROPY_KEPT, M.OFF_POLICY_MASKED, M.CLIP_RATIO_HIGH_NATURAL]
+    shown = mechanisms.default_metrics(logged)
+    assert set(logged) <= set(shown)
+    assert all(mechanisms.unit(m) == "%" for m in logged)
