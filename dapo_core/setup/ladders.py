@@ -61,6 +61,8 @@ BUILTIN_LADDERS: tuple[str, ...] = (
     "clip-dose",
     "clip-entropy",
     "estimators",
+    "trust-region",
+    "entropy-tokens",
 )
 """Ladders shipped in dapo_core/setup/ladders/<name>.toml; `paper` is the DAPO paper's Table 1."""
 
