@@ -72,7 +72,7 @@ DOSE_SWEEP = "mechanisms-clip-dose"
 ENTROPY_SWEEP = "mechanisms-clip-entropy"
 REAL_SWEEP = "scoreboard-smollm2"
 SEEDS = "0,1,2,3,4,5"
-TINY_COMMAND = f"dapo sweep --preset tiny --seeds 0,1,2 --steps 10 --name {TINY_SWEEP}"
+TINY_COMMAND = f"dapo sweep --preset tiny --seeds {SEEDS} --steps 10 --name {TINY_SWEEP}"
 DOSE_COMMAND = f"dapo sweep --preset lookup --ladder clip-dose --seeds {SEEDS} --name {DOSE_SWEEP}"
 ENTROPY_COMMAND = (
     f"dapo sweep --preset lookup --ladder clip-entropy --seeds {SEEDS} --name {ENTROPY_SWEEP}"
@@ -123,7 +123,8 @@ CHECKS: tuple[Check, ...] = (
         "eps_high=0.2",
         "updates to 50%",
         REACH,
-        about="gradient updates until held-out accuracy first reaches 50%",
+        about="gradient updates until held-out accuracy first reaches 50% (the crossing "
+        "interpolated between evaluations)",
     ),
     Check(
         "Clip-Higher",
@@ -283,10 +284,16 @@ class DoseArm:
     clip_high_early: stats.Estimate  # clip_ratio/high over the first EARLY steps
     eligible_early: stats.Estimate  # clip_ratio/high_eligible, the same steps
     natural_early: stats.Estimate  # clip_ratio/high_natural, when the runs logged it
+    ratio_max_early: stats.Estimate  # ratio/max (the step's largest token ratio), the same steps
     delta_updates: stats.Estimate  # − the parent's, paired by seed
     delta_area: stats.Estimate
     updates_by_seed: Mapping[int, float]  # inf: never reached (for the trend test's ranks)
     area_by_seed: Mapping[int, float]
+    # rollout steps to the threshold, the crossing interpolated linearly between the two
+    # evaluations around it (crossing_step): finer than the evaluation's one-step grid
+    crossing: stats.Estimate = stats.EMPTY
+    delta_crossing: stats.Estimate = stats.EMPTY
+    crossing_by_seed: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -300,6 +307,7 @@ class Dose:
     arms: tuple[DoseArm, ...]
     trend_updates: tuple[float, float, int]  # Page's L, its p, seeds (blocks) in the test
     trend_area: tuple[float, float, int]
+    trend_crossing: tuple[float, float, int] = (math.nan, math.nan, 0)
     label: str = ""  # the evaluation, "lookup-eval avg@16"
     early: int = EARLY
 
@@ -311,6 +319,21 @@ def cap_only_steps(start: float, threshold: float, clip_high: float) -> float:
     if not 0.0 < start <= threshold or clip_high <= 0.0:
         return math.nan if start <= 0.0 or clip_high <= 0.0 else 0.0
     return math.log(threshold / start) / math.log1p(clip_high)
+
+
+def crossing_step(curve: Mapping[int, float], threshold: float) -> float:
+    """The rollout step at which a held-out curve (step -> score) first reaches `threshold`,
+    linear between the last evaluation below it and the first at or above it; inf when it never
+    does. (0.3 at step 3, 0.6 at step 4, threshold 0.5: 3 + 0.2/0.3 = 3.67.)"""
+    steps = sorted(curve)
+    for before, at in itertools.pairwise(steps):
+        if curve[at] >= threshold > curve[before]:
+            return before + (at - before) * (threshold - curve[before]) / (
+                curve[at] - curve[before]
+            )
+    if steps and curve[steps[0]] >= threshold:
+        return float(steps[0])
+    return math.inf
 
 
 def page_trend(
@@ -342,9 +365,9 @@ def dose_response(
     table = ablation.ablation_table(engine, sweep_id)
     reach = efficiency.reach(engine, sweep_id, table, threshold)
     runs = _completed(engine, sweep_id)
-    names = [M.CLIP_RATIO_HIGH, M.CLIP_RATIO_HIGH_ELIGIBLE, M.CLIP_RATIO_HIGH_NATURAL]
+    names = [M.CLIP_RATIO_HIGH, M.CLIP_RATIO_HIGH_ELIGIBLE, M.CLIP_RATIO_HIGH_NATURAL, M.RATIO_MAX]
     curves = _curves(engine, runs, names)
-    high, eligible, natural = (per_seed_mean(curves, n, early) for n in names)
+    high, eligible, natural, ratio_max = (per_seed_mean(curves, n, early) for n in names)
     dataset = next((d for d in table["eval_dataset"] if isinstance(d, str)), None)
     k = next((int(v) for v in table["eval_k"] if not pd.isna(v)), None)
     curves_by = ablation.sweep_curves(engine, sweep_id, dataset, k) if dataset and k else {}
@@ -383,6 +406,7 @@ def dose_response(
                 clip_high_early=_estimate(high.get(arm, {})),
                 eligible_early=_estimate(eligible.get(arm, {})),
                 natural_early=_estimate(natural.get(arm, {})),
+                ratio_max_early=_estimate(ratio_max.get(arm, {})),
                 delta_updates=(
                     got.delta_parent["updates"] if got is not None and parent else stats.EMPTY
                 ),
@@ -391,6 +415,7 @@ def dose_response(
                 area_by_seed={s: area_by[(arm, s)] for s in seeds if (arm, s) in area_by},
             )
         )
+    arms = _with_crossings(arms, curves_by, threshold)
     arms.sort(key=lambda a: a.clip_high)
     return Dose(
         sweep_id=sweep_id,
@@ -400,9 +425,43 @@ def dose_response(
         arms=tuple(arms),
         trend_updates=page_trend([a.updates_by_seed for a in arms], increasing=False),
         trend_area=page_trend([a.area_by_seed for a in arms], increasing=True),
+        trend_crossing=page_trend([a.crossing_by_seed for a in arms], increasing=False),
         label=metric_label(table) if len(table) else "",
         early=early,
     )
+
+
+def _with_crossings(
+    arms: list[DoseArm], curves: Mapping[tuple[str, int], Mapping[int, Any]], threshold: float
+) -> list[DoseArm]:
+    """The arms with their interpolated crossings (crossing_step of each seed's held-out
+    curve), their mean over the seeds that crossed and the paired Δ to the parent."""
+    import dataclasses
+
+    by_seed = {
+        a.arm: {
+            s: crossing_step({k: p.value for k, p in curves.get((a.arm, s), {}).items()}, threshold)
+            for s in a.seeds
+        }
+        for a in arms
+    }
+
+    def finite(d: Mapping[int, float]) -> dict[int, float]:
+        return {s: v for s, v in d.items() if math.isfinite(v)}
+
+    return [
+        dataclasses.replace(
+            a,
+            crossing_by_seed=by_seed[a.arm],
+            crossing=_estimate(finite(by_seed[a.arm])),
+            delta_crossing=(
+                stats.paired(finite(by_seed[a.arm]), finite(by_seed[a.parent]))
+                if a.parent in by_seed
+                else stats.EMPTY
+            ),
+        )
+        for a in arms
+    ]
 
 
 def monotone(estimates: Sequence[stats.Estimate], *, increasing: bool) -> bool:
@@ -448,11 +507,16 @@ class Probe:
 
 
 def _verdict(estimate: stats.Estimate, expected: int) -> str:
+    """The papers' sign against the measured one: decided by the exact sign-flip test for a
+    paired Δ (as every Δ of the platform), by the interval for the first arm's own slope."""
     if estimate.n == 0 or math.isnan(estimate.mean):
         return "not measured"
-    if not estimate.excludes_zero:
-        return "not decided (interval spans 0)"
-    return "as predicted" if (estimate.mean > 0) == (expected > 0) else "opposite"
+    agrees = (estimate.mean > 0) == (expected > 0)
+    if estimate.significant:
+        return "as predicted" if agrees else "opposite"
+    lean = "as predicted" if agrees else "the other way"
+    why = f"p = {estimate.p:.2g}" if estimate.tested else "interval spans 0"
+    return f"not decided ({why}); leans {lean}"
 
 
 def entropy_probe(engine: sa.Engine, sweep_id: int, metric: str = M.ENTROPY_DECISION) -> Probe:
@@ -532,11 +596,13 @@ def _check_delta(engine: sa.Engine, check: Check, sweep_id: int) -> stats.Estima
             return stats.EMPTY
         if check.kind == AREA:
             return stats.paired(arms[check.arm].area_by_seed, arms[check.parent].area_by_seed)
-        mine, theirs = arms[check.arm].updates_by_seed, arms[check.parent].updates_by_seed
+        # the interpolated crossing, in updates: finer than the evaluation's one-step grid
+        mine, theirs = arms[check.arm].crossing_by_seed, arms[check.parent].crossing_by_seed
         both = {s for s in mine if math.isfinite(mine[s])} & {
             s for s in theirs if math.isfinite(theirs[s])
         }
-        return stats.paired({s: mine[s] for s in both}, {s: theirs[s] for s in both})
+        per = dose.updates_per_step
+        return stats.paired({s: per * mine[s] for s in both}, {s: per * theirs[s] for s in both})
     if check.kind == SLOPE:
         runs = _completed(engine, sweep_id)
         slopes = per_seed_slope(_curves(engine, runs, [check.metric]), check.metric)
@@ -670,6 +736,10 @@ def _csv_scoreboard(rows: Sequence[Row]) -> str:
     return buffer.getvalue()
 
 
+def _clips(low: float, high: float) -> str:
+    return MISSING if math.isnan(low) or math.isnan(high) else f"{low:g}/{high:g}"
+
+
 def _pct(e: stats.Estimate, signed: bool = False) -> str:
     return estimate_text(e, signed=signed, number=lambda x: f"{100 * x:{'+' if signed else ''}.1f}")
 
@@ -689,12 +759,16 @@ def dose_records(dose: Dose) -> list[dict[str, str]]:
         out.append(
             {
                 "arm": a.arm,
-                "ε_low/ε_high": f"{a.clip_low:g}/{a.clip_high:g}",
+                "ε_low/ε_high": _clips(a.clip_low, a.clip_high),
                 "n": str(len(a.seeds)),
                 f"reached {t}": a.reached,
                 f"updates to {t}": _count(a.updates),
                 "Δ parent (updates)": _count(a.delta_updates, True),
                 f"steps to {t}": _count(a.steps),
+                f"steps to {t}, interpolated": _count(a.crossing),
+                "Δ parent (interpolated)": estimate_text(
+                    a.delta_crossing, signed=True, number=lambda x: f"{x:+.2f}"
+                ),
                 "cap-only steps": MISSING
                 if math.isnan(a.predicted_steps)
                 else f"{a.predicted_steps:.1f}",
@@ -703,7 +777,12 @@ def dose_records(dose: Dose) -> list[dict[str, str]]:
                 f"clip_ratio/high, first {dose.early} (%)": _pct2(a.clip_high_early),
                 f"high_eligible, first {dose.early} (%)": _pct2(a.eligible_early),
                 **(
-                    {f"high_natural, first {dose.early} (%)": _pct2(a.natural_early)}
+                    {
+                        f"high_natural, first {dose.early} (%)": _pct2(a.natural_early),
+                        f"ratio/max, first {dose.early}": estimate_text(
+                            a.ratio_max_early, number=lambda x: f"{x:.2f}"
+                        ),
+                    }
                     if any(b.natural_early.n for b in dose.arms)
                     else {}
                 ),
@@ -716,20 +795,26 @@ def dose_caption(dose: Dose) -> str:
     t = f"{100 * dose.threshold:.0f}%"
     l_u, p_u, n_u = dose.trend_updates
     l_a, p_a, n_a = dose.trend_area
+    l_c, p_c, n_c = dose.trend_crossing
+    mono_c = monotone([a.crossing for a in dose.arms], increasing=False)
     mono_u = monotone([a.updates for a in dose.arms], increasing=False)
     mono_a = monotone([a.area for a in dose.arms], increasing=True)
     return (
         f"Clip-Higher's dose-response (sweep {dose.sweep_id}, {dose.label}): per arm, the "
         f"gradient updates until a seed's held-out curve first reaches {t} (over the seeds that "
-        f"reach it; {dose.updates_per_step:g} updates a rollout step) and in rollout steps; the "
+        f"reach it; {dose.updates_per_step:g} updates a rollout step) and in rollout steps, "
+        "also with the crossing interpolated between the two evaluations around it; the "
         f"cap-only prediction ln({t} / p0) / ln(1 + ε_high) from the measured start p0 = "
         f"{100 * dose.start:.1f}%; the area under the held-out curve (mean over its "
-        f"evaluations, step 0 included); the share of tokens at the upper bound and of tokens "
-        f"that could reach it over the first {dose.early} rollout steps; means over seeds "
+        f"evaluations, step 0 included); over the first {dose.early} rollout steps, the share "
+        "of tokens at the upper bound, of tokens that could reach it (eligible) and, where the "
+        "runs logged them, of eligible tokens whose unclipped ratio passed 1 + ε_high (natural) "
+        "and the step's largest token ratio; means over seeds "
         f"[95% t-interval], Δ parent paired by seed (* exact sign-flip p < 0.05). "
         f"Monotone in ε_high: updates {'yes' if mono_u else 'no'} (Page's L = {l_u:g}, "
         f"one-sided p = {p_u:.3g} over {n_u} seeds, a seed that never reached {t} ranked "
-        f"slowest), area {'yes' if mono_a else 'no'} (L = {l_a:g}, p = {p_a:.3g}, {n_a} seeds)."
+        f"slowest), interpolated steps {'yes' if mono_c else 'no'} (L = {l_c:g}, p = "
+        f"{p_c:.3g}, {n_c} seeds), area {'yes' if mono_a else 'no'} (L = {l_a:g}, p = {p_a:.3g}, {n_a} seeds)."
     )
 
 
@@ -744,7 +829,7 @@ def probe_records(probe: Probe) -> list[dict[str, str]]:
             {
                 "arm": a.arm,
                 "parent": a.parent or MISSING,
-                "ε_low/ε_high": f"{a.clip_low:g}/{a.clip_high:g}",
+                "ε_low/ε_high": _clips(a.clip_low, a.clip_high),
                 "n": str(len(a.seeds)),
                 "slope (mnat/step)": estimate_text(a.slope, signed=True, number=_mnat),
                 "Δ parent (mnat/step)": estimate_text(a.delta_parent, signed=True, number=_mnat),
@@ -768,10 +853,11 @@ def probe_caption(probe: Probe) -> str:
         f"The entropy probe (sweep {probe.sweep_id}): a reward that is a fair coin, independent "
         f"of the answer; per seed the least-squares slope of {probe.metric} over the run's "
         "rollout steps, mean over seeds [95% t-interval], Δ parent paired by seed (* exact "
-        "sign-flip p < 0.05); `papers`: the sign Park et al. (arXiv 2509.26114) and Chen et al. "
+        "sign-flip p < 0.05; on the first arm's slope, which is no difference: its interval "
+        "excludes 0); `papers`: the sign Park et al. (arXiv 2509.26114) and Chen et al. "
         "(arXiv 2512.16912) predict (the symmetric clip lowers the entropy, a larger ε_high "
-        "lowers it less, a tighter ε_low raises it); the verdict needs the interval to exclude "
-        "0; the entropy's mean over the first and last 5 steps; the clip fractions over the run."
+        "lowers it less, a tighter ε_low raises it); a verdict needs the exact test's p < 0.05 "
+        "(the first arm's slope: its interval to exclude 0); the entropy's mean over the first and last 5 steps; the clip fractions over the run."
     )
 
 

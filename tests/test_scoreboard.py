@@ -85,6 +85,8 @@ def build(url: str) -> dict[str, int]:
                     M.GRAD_UPDATES: 16.0 * s,
                     M.CLIP_RATIO_HIGH: 0.02 * (seed + 1) if s <= 5 else 0.09,
                     M.CLIP_RATIO_HIGH_ELIGIBLE: 0.1,
+                    M.CLIP_RATIO_HIGH_NATURAL: 0.5,  # half the eligible tokens passed the bound
+                    M.RATIO_MAX: 1.0 + HIGHS[arm] + 0.1 * s,  # moving past it, more each step
                 }
                 for s in range(1, 7)
             }
@@ -95,7 +97,7 @@ def build(url: str) -> dict[str, int]:
         "eps=0.2_0.2": (-0.010, -0.012, -0.008),
         "eps_high=0.28": (-0.005, -0.006, -0.004),  # Δ +0.005, +0.006, +0.004
         "eps_high=0.5": (-0.007, -0.008, -0.006),  # Δ −0.002 each: opposite
-        "eps_low=0.1": (-0.009, -0.013, -0.008),  # Δ +0.001, −0.001, 0: not decided
+        "eps_low=0.1": (-0.009, -0.013, -0.0085),  # Δ +0.001, −0.001, −0.0005: not decided
     }
     clips = {
         "eps=0.2_0.2": (0.2, 0.2),
@@ -179,6 +181,9 @@ def test_dose_response_by_hand(store: tuple[str, dict[str, int]]) -> None:
     assert early.mean == pytest.approx(0.04)
     assert early.high - early.mean == pytest.approx(T2 * 0.02 / math.sqrt(3), rel=1e-5)
     assert by["eps_high=0.2"].predicted_steps == pytest.approx(6.604, abs=1e-3)
+    assert by["eps_high=0.2"].natural_early.mean == pytest.approx(0.5)
+    # ratio/max over steps 1-5: 1.2 + 0.1 · (1 + 2 + 3 + 4 + 5) / 5 = 1.5
+    assert by["eps_high=0.2"].ratio_max_early.mean == pytest.approx(1.5)
     # Page's L with predicted ranks 4, 3, 2, 1 (updates fall as ε_high grows). Ranks within
     # each seed (ascending updates, ties averaged): seed 0 (64, 48, 32, 32) → 4, 3, 1.5, 1.5;
     # seed 1 (64, 48, 48, 32) → 4, 2.5, 2.5, 1; seed 2 (48, 48, 32, 16) → 3.5, 3.5, 2, 1.
@@ -186,8 +191,23 @@ def test_dose_response_by_hand(store: tuple[str, dict[str, int]]) -> None:
     L, p, n = dose.trend_updates
     assert (L, n) == (88.5, 3) and p < 0.01
     assert dose.trend_area[0] == 88.5  # the areas rank the other way round, as predicted
+    # interpolated: 0.3 one step before `reached`, 0.6 at it: reached − 1 + 0.2 / 0.3
+    assert by["eps_high=0.1"].crossing_by_seed[2] == pytest.approx(2 + 2 / 3)
+    assert by["eps_high=0.28"].delta_crossing.mean == pytest.approx(-2 / 3)
+    assert dose.trend_crossing[0] == 88.5
     assert scoreboard.monotone([a.updates for a in dose.arms], increasing=False)
     assert scoreboard.monotone([a.area for a in dose.arms], increasing=True)
+
+
+def test_crossing_by_hand() -> None:
+    assert scoreboard.crossing_step({0: 0.15, 1: 0.3, 2: 0.6}, 0.5) == pytest.approx(1 + 2 / 3)
+    assert scoreboard.crossing_step({0: 0.15, 1: 0.5}, 0.5) == 1.0  # reached exactly
+    assert scoreboard.crossing_step({0: 0.55, 1: 0.7}, 0.5) == 0.0  # there from the start
+    # the first crossing counts: 0 + (0.5 − 0.15) / (0.6 − 0.15)
+    assert scoreboard.crossing_step({0: 0.15, 1: 0.6, 2: 0.4, 3: 0.9}, 0.5) == pytest.approx(
+        0.35 / 0.45
+    )
+    assert scoreboard.crossing_step({0: 0.15, 1: 0.45}, 0.5) == math.inf
 
 
 def test_page_trend_counts_a_seed_that_never_reached_as_slowest() -> None:
@@ -208,18 +228,37 @@ def test_entropy_probe_by_hand(store: tuple[str, dict[str, int]]) -> None:
     sym = by["eps=0.2_0.2"]
     assert sym.slope.mean == pytest.approx(-0.010) and sym.verdict == "as predicted"
     assert (sym.clip_low, sym.clip_high) == (0.2, 0.2)
-    # Δ (+0.005, +0.006, +0.004): mean 0.005, sd 0.001 → ± 4.303 · 0.001/√3, above 0
+    # Δ (+0.005, +0.006, +0.004): mean 0.005, sd 0.001 → ± 4.303 · 0.001/√3, above 0; but
+    # over 3 seeds the exact test's smallest p is 2/8 = 0.25: no verdict below 6 seeds
     high = by["eps_high=0.28"].delta_parent
     assert high.mean == pytest.approx(0.005)
     assert high.low == pytest.approx(0.005 - T2 * 0.001 / math.sqrt(3), rel=1e-5)
-    assert by["eps_high=0.28"].verdict == "as predicted"
+    assert high.p == pytest.approx(0.25)
+    assert by["eps_high=0.28"].verdict == "not decided (p = 0.25); leans as predicted"
     assert by["eps_high=0.5"].parent == "eps_high=0.28"
     assert by["eps_high=0.5"].delta_parent.mean == pytest.approx(-0.002)
-    assert by["eps_high=0.5"].verdict == "opposite"
+    assert by["eps_high=0.5"].verdict == "not decided (p = 0.25); leans the other way"
     assert by["eps_low=0.1"].parent == "eps=0.2_0.2"
-    assert by["eps_low=0.1"].verdict.startswith("not decided")
+    # (+1, −1, −0.5)/1000: |Σ| = 0.5, the smallest any flip gives: p = 1
+    assert by["eps_low=0.1"].verdict == "not decided (p = 1); leans the other way"
     # entropy over the first and last 5 of 10 steps: 1.5 + slope × 3 and × 8
     assert sym.first.mean == pytest.approx(1.5 - 0.030) and sym.last.mean == pytest.approx(1.42)
+
+
+def test_verdicts_follow_the_exact_test() -> None:
+    # six differences of one sign: p = 2/64 = 0.031, decided; the first arm's slope is no
+    # difference (no p): its interval decides
+    up = stats.paired({s: 1.0 + s for s in range(6)}, {s: 0.0 for s in range(6)})
+    assert up.p == pytest.approx(2 / 64)
+    assert scoreboard._verdict(up, scoreboard.RAISES) == "as predicted"
+    assert scoreboard._verdict(up, scoreboard.LOWERS) == "opposite"
+    falling = stats.t_interval([-1.0, -1.1, -0.9])  # −1 ± 4.303 · 0.1/√3: below 0
+    assert scoreboard._verdict(falling, scoreboard.LOWERS) == "as predicted"
+    flat = stats.t_interval([-1.0, 1.0, -0.5])
+    assert scoreboard._verdict(flat, scoreboard.LOWERS) == (
+        "not decided (interval spans 0); leans as predicted"
+    )
+    assert scoreboard._verdict(stats.EMPTY, scoreboard.LOWERS) == "not measured"
 
 
 def test_slope_by_hand() -> None:
@@ -251,6 +290,7 @@ def test_scoreboard_rows(store: tuple[str, dict[str, int]]) -> None:
     overlong = by[("overlong filter", scoreboard.WINDOW)]
     assert overlong.sweep_id == ids["tiny"] and overlong.delta.n == 3
     assert overlong.delta.mean == pytest.approx(-0.06)
+    # the interpolated crossings × 16: (−1, 0, −1) steps, as the discrete ones here
     reach = by[("Clip-Higher", scoreboard.REACH)].delta
     assert reach.mean == pytest.approx(-32 / 3) and reach.keys == SEEDS
     # the exact sign-flip p of (−16, 0, −16): |Σ| = 32 is reached when the two 16s agree,
@@ -298,10 +338,11 @@ def test_cli_scoreboard(
     assert "not measured" in out and scoreboard.REAL_COMMAND in out
     assert "Clip-Higher's dose-response" in out and "The entropy probe" in out
     assert "L = 88.5" in out
+    assert "high_natural, first 5 (%)" in out and "ratio/max, first 5" in out
     # one sweep's detail
     assert main(["table", "--store", url, "--scoreboard", "--sweep", str(ids["entropy"])]) == 0
     detail = capsys.readouterr().out
-    assert detail.startswith("The entropy probe") and "opposite" in detail
+    assert detail.startswith("The entropy probe") and "leans the other way" in detail
     # CSV: one row per check, numbers in the metric's own unit
     assert main(["table", "--store", url, "--scoreboard", "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
