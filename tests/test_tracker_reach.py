@@ -19,6 +19,7 @@ import pytest
 from store_runs import new_attempt
 
 from dapo_common import metric_names as M
+from dapo_core.setup import tracker_backends
 from dapo_core.setup.config import ConfigError
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train import trackers
@@ -98,18 +99,18 @@ def test_the_check_asks_mlflow_itself(monkeypatch: pytest.MonkeyPatch, tmp_path:
     cfg = paper_ladder().config("grpo", "tiny", {"run.loggers": ["mlflow"]}).to_dict()
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    trackers.check_trackers(cfg)  # no URI: a SQLite store in the run directory
+    tracker_backends.check_trackers(cfg)  # no URI: a SQLite store in the run directory
     for uri in (str(tmp_path / "mlruns"), f"file://{tmp_path}/mlruns", "nosuch://host/x"):
         cfg["run"]["mlflow_uri"] = uri
         with pytest.raises(ConfigError, match=r"^run\.mlflow_uri="):
-            trackers.check_trackers(cfg)
+            tracker_backends.check_trackers(cfg)
     for uri in (f"sqlite:///{tmp_path}/m.db", "http://127.0.0.1:5000", "postgresql+psycopg://h/db"):
         cfg["run"]["mlflow_uri"] = uri
-        trackers.check_trackers(cfg)
+        tracker_backends.check_trackers(cfg)
     # MLflow's own opt-out is honoured, because MLflow is asked.
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     cfg["run"]["mlflow_uri"] = str(tmp_path / "mlruns")
-    trackers.check_trackers(cfg)
+    tracker_backends.check_trackers(cfg)
 
 
 # --- two arms, one fresh SQLite store -----------------------------------------------------------

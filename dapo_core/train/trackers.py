@@ -25,14 +25,14 @@ Which trackers a run reached is part of its record: every evaluation the primary
 carries `trackers` (TRACKERS_KEY): per tracker its state (reached, missing, failed, dropped),
 the tracker's run id and where to find it (a URL, a TensorBoard log directory, a W&B offline
 directory), or the one line of why not. The store keeps it in the evaluation's `extra`, where
-the sweep summary, `dapo table` and the dashboard's Run page read it (db/trackers.py).
+the sweep summary, `dapo table` and the dashboard's Run page read it (db/tracker_status.py).
 
-`check_trackers(config)` is the check before anything is written: a backend the tracker's own
-library refuses (MLflow 3.17's file store without MLFLOW_ALLOW_FILE_STORE=true, a URI scheme
-MLflow has no store for) is one line (ConfigError). A local SQLite MLflow store that several
-arms open at once is created and migrated once, under a file lock beside it: MLflow migrates a
-fresh database on first open, and two processes doing so at once collide ("duplicate column
-name: step").
+`check_trackers(config)` (dapo_core/setup/tracker_backends.py, torch-free) is the check
+before anything is written: a backend the tracker's own library refuses (MLflow 3.17's file
+store without MLFLOW_ALLOW_FILE_STORE=true, a URI scheme MLflow has no store for) is one line
+(ConfigError). A local SQLite MLflow store that several arms open at once is created and
+migrated once, under a file lock beside it: MLflow migrates a fresh database on first open,
+and two processes doing so at once collide ("duplicate column name: step").
 
 TensorBoard's event files of a sweep's run go to `<sweep dir>/tensorboard/<arm>-s<seed>` (the
 sweep dir holds the sweep's run directories), so that `tensorboard --logdir <sweep
@@ -55,7 +55,7 @@ from typing import Any
 
 from dapo_common.samples import SAMPLE_FIELDS
 from dapo_common.util import flatten
-from dapo_core.setup.config import LOGGERS, ConfigError, ExperimentConfig
+from dapo_core.setup.config import LOGGERS, ExperimentConfig
 from dapo_core.train.protocols import MetricsSink
 
 log = logging.getLogger(__name__)
@@ -289,22 +289,6 @@ def with_trackers(
     return FanoutSink(primary, opener=lambda: open_trackers(names, run, status), status=status)
 
 
-def check_trackers(config: Mapping[str, Any]) -> None:
-    """ConfigError (one line) when a tracker `config`'s run.loggers names would refuse the
-    backend it is given, before anything is written: for MLflow, run.mlflow_uri (else
-    $MLFLOW_TRACKING_URI) asked of MLflow's own store registry and, for its file store, of the
-    file store itself (MLflow 3.17 refuses it unless MLFLOW_ALLOW_FILE_STORE=true). A library
-    that is not installed is not refused here: the run warns once and goes on (open_trackers)."""
-    run = config.get("run", {})
-    if "mlflow" in (run.get("loggers") or ()):
-        given = str(run.get("mlflow_uri") or "")
-        uri = given or os.environ.get("MLFLOW_TRACKING_URI", "")
-        where = f"run.mlflow_uri={uri}" if given else f"MLFLOW_TRACKING_URI={uri}"
-        problem = mlflow_refusal(uri) if uri else None
-        if problem:
-            raise ConfigError(f"{where}: {problem}")
-
-
 def tracker_hints(
     config: Mapping[str, Any], out_dir: str | Path, *, sweep: bool = False
 ) -> list[str]:
@@ -334,60 +318,6 @@ def tracker_hints(
                 else f"MLflow: {shown}"
             )
     return lines
-
-
-MLFLOW_DATABASE_SCHEMES = frozenset(
-    {"sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks"}
-)
-"""Tracking URI schemes MLflow 3 has a store for (`postgresql+psycopg` counts as postgresql)."""
-
-
-def mlflow_refusal(uri: str) -> str | None:
-    """Why the installed MLflow would refuse tracking URI `uri`, in words a user can act on;
-    None when it takes it (or MLflow is not installed: nothing to ask)."""
-    from urllib.parse import urlparse
-
-    scheme = urlparse(uri).scheme
-    if len(scheme) == 1:  # a Windows drive letter: a path
-        scheme = ""
-    if scheme.split("+")[0] in MLFLOW_DATABASE_SCHEMES:
-        return None  # taken by every MLflow 3; no need to import it (seconds) to ask
-    try:
-        import mlflow
-        from mlflow.exceptions import MlflowException
-    except ImportError:
-        return None
-    if scheme in ("", "file"):
-        try:
-            from mlflow.store.tracking.file_store import FileStore
-        except ImportError:
-            return None
-        import tempfile
-
-        # The file store's own check (it reads MLFLOW_ALLOW_FILE_STORE), on a scratch folder.
-        with tempfile.TemporaryDirectory(prefix="dapo-mlflow-check-") as scratch:
-            try:
-                FileStore(scratch)
-            except MlflowException:
-                return (
-                    f"MLflow {mlflow.__version__} refuses its file store (a path or file: URI) "
-                    "unless MLFLOW_ALLOW_FILE_STORE=true: give a database, e.g. "
-                    "sqlite:///PATH/mlflow.db, or a server's http:// URL (or no URI: a SQLite "
-                    "store in each run directory)"
-                )
-        return None
-    try:
-        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
-    except ImportError:  # a later MLflow moved it: the tracker's start says it instead
-        return None
-    try:
-        _tracking_store_registry.get_store_builder(uri)
-    except MlflowException:
-        return (
-            f"MLflow {mlflow.__version__} has no tracking store for {scheme}:// URIs "
-            "(sqlite:///PATH/mlflow.db, postgresql://..., http(s):// of a server work)"
-        )
-    return None
 
 
 def open_with_trackers(
