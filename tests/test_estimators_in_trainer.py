@@ -69,6 +69,10 @@ def test_every_estimator_trains_and_changes_the_update(estimator: str) -> None:
     delta, metrics = _update_of({"algo.adv_estimator": estimator})
     assert torch.isfinite(delta).all() and delta.abs().sum() > 0
     assert _rel(delta, base) > 1e-2, estimator
+    # clip_ratio/high_natural is a share of the clip-eligible tokens (A > 0): NaN where there are
+    # none, as under ReMax here, whose greedy baseline answers every prompt right (Â ≤ 0).
+    natural = metrics.pop(M.CLIP_RATIO_HIGH_NATURAL)
+    assert math.isnan(natural) == (metrics[M.CLIP_RATIO_HIGH_ELIGIBLE] == 0)
     assert all(math.isfinite(v) for k, v in metrics.items() if not k.startswith("perf/")), metrics
 
 
