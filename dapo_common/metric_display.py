@@ -47,8 +47,8 @@ def _share(name: str) -> Display:
 DISPLAY: dict[str, Display] = {
     # rewards and accuracy (every response generated at the step, before filtering)
     M.ACC_MEAN: _share("training accuracy"),
-    M.REWARD_MEAN: Display("mean reward (score + overlong penalty)"),
-    M.SCORE_MEAN: Display("mean correctness score (±1)"),
+    M.REWARD_MEAN: Display("mean reward"),  # the score (±1) plus the overlong penalty
+    M.SCORE_MEAN: Display("mean score (±1)"),
     M.OVERLONG_PENALTY_MEAN: Display("mean overlong penalty"),
     # policy
     M.ENTROPY_MEAN: Display("entropy", NATS),
@@ -60,15 +60,21 @@ DISPLAY: dict[str, Display] = {
     M.CLIP_RATIO_LOW: _share("tokens clipped at 1 − ε_low"),
     M.CLIP_RATIO_DUAL: _share("tokens bounded by the dual clip"),
     M.CLIP_RATIO_HIGH_ELIGIBLE: _share("tokens that can reach 1 + ε_high"),
+    # newer loss-variant metrics, by name (their constants are being added to metric_names)
+    "clip_ratio/high_natural": _share("eligible tokens past 1 + ε_high, unclipped"),
+    "ratio/max": Display("largest token ratio π_θ/π_old"),
+    "loss/cov_selected_share": _share("tokens a covariance loss selected"),
+    "loss/off_policy_masked_share": _share("tokens the off-policy mask dropped"),
+    "loss/entropy_kept_share": _share("tokens the top-entropy filter kept"),
     M.LOSS_LONG_SHARE: _share("loss weight of the longer half"),
     M.LOSS_TRUNCATED_SHARE: _share("loss weight of truncated responses"),
     M.GRAD_NORM: Display("gradient norm"),
     M.LR: Display("learning rate"),
     M.NONFINITE_UPDATES: Display("updates skipped (NaN/inf)", COUNT),
     # sampler vs trainer
-    M.MISMATCH_ABS_LOGP: Display("log-prob gap, sampler vs old (mean abs.)", NATS),
+    M.MISMATCH_ABS_LOGP: Display("abs. log-prob gap, sampler vs old", NATS),
     M.MISMATCH_KL: Display("KL(sampler ‖ old), k3", NATS),
-    M.IS_MASKED_FRAC: _share("tokens capped or masked by rollout correction"),
+    M.IS_MASKED_FRAC: _share("tokens capped or masked (correction)"),
     # responses
     M.RESPONSE_LENGTH_MEAN: Display("mean response length", TOKENS),
     M.RESPONSE_LENGTH_MAX: Display("longest response", TOKENS),

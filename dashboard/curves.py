@@ -254,6 +254,8 @@ def band_chart(
     y_title: str | None = None,
     colour_title: str = "arm",
     n_title: str = "seeds",
+    subtitle: str | None = None,
+    legend_below: bool = False,
 ) -> BandChart:
     """One metric: a line per arm (mean over seeds) over its shaded band, the 95% interval over
     seeds by default (`bounds`: a pair of seed_band's columns). The band's edges are drawn as
@@ -262,7 +264,8 @@ def band_chart(
     smoothed one, so smoothing never hides a spike. `log_y`: a log-scale y (positive values;
     see log_ready). The y axis is titled with the metric's display name and unit
     (dapo_common.metric_display; `y_title` overrides it), the chart with its display name over
-    the metric's key; values are expected in display units (to_display_units).
+    the metric's key (`subtitle` replaces it, "" drops it); values are expected in display
+    units (to_display_units).
 
     Every layer reads one table (chart_frame), given once to the chart: the browser receives
     and parses each row once, not once per layer."""
@@ -275,13 +278,34 @@ def band_chart(
     scale = alt.Scale(domain=list(arms), scheme="category10" if len(arms) <= 10 else "tableau20")
     # One legend for every layer; its symbols drawn as solid strokes (the band's opacity would
     # otherwise fade them).
-    # labelLimit: long arm names (a grid's) are shown whole, not cut to the same first letters
-    legend = alt.Legend(symbolType="stroke", symbolOpacity=1, symbolStrokeWidth=3, labelLimit=420)
+    # labelLimit: long arm names (a grid's) are shown whole, not cut to the same first letters;
+    # `legend_below`: under the plot in two columns (many or long labels beside a half-width
+    # chart would leave the plot a sliver)
+    placement: dict[str, Any] = (
+        {"orient": "bottom", "columns": 2, "labelLimit": 190} if legend_below else {}
+    )
+    legend = alt.Legend(
+        **{
+            "symbolType": "stroke",
+            "symbolOpacity": 1,
+            "symbolStrokeWidth": 3,
+            "labelLimit": 420,
+            **placement,
+        }
+    )
     colour = alt.Color("arm:N", scale=scale, sort=list(arms), title=colour_title, legend=legend)
     shown = metric_display.display(metric)
     y_label = y_title or shown.label
     number = metric_display.number_format(metric)
-    x = alt.X("x:Q", title=x_title)
+    # a title longer than the plot is tall ends in "…" instead of pushing the title aside
+    # (the plot is what is left of `height` once the x axis and the title are drawn)
+    y_axis = alt.Axis(titleLimit=max(int(height * 0.6), 60))
+    # whole numbers on a step, update or token axis (no "2.5" steps); minutes may be fractions
+    x = alt.X(
+        "x:Q",
+        title=x_title,
+        axis=alt.Axis(tickMinStep=1) if x_title != WALL_CLOCK_LABEL else alt.Axis(),
+    )
     # the faint raw line is part of what is shown: the range covers it too
     domain = value_domain(mine if not with_raw else pd.concat([mine, raw_data]), log=log_y)
     kind: Literal["log", "linear"] = "log" if log_y else "linear"
@@ -298,13 +322,16 @@ def band_chart(
         alt.Chart()
         .mark_area(opacity=0.14, invalid="filter", **quiet)
         .encode(
-            x=x, y=alt.Y(f"{low}:Q", title=y_label, scale=y_scale), y2=f"{high}:Q", color=colour
+            x=x,
+            y=alt.Y(f"{low}:Q", title=y_label, scale=y_scale, axis=y_axis),
+            y2=f"{high}:Q",
+            color=colour,
         )
     )
     edges = [
         alt.Chart()
         .mark_line(strokeWidth=1, strokeDash=[4, 3], opacity=0.8, invalid="filter", **quiet)
-        .encode(x=x, y=alt.Y(f"{edge}:Q", title=y_label, scale=y_scale), color=colour)
+        .encode(x=x, y=alt.Y(f"{edge}:Q", title=y_label, scale=y_scale, axis=y_axis), color=colour)
         for edge in (low, high)
     ]
     point = alt.OverlayMarkDef(aria=False) if points else False
@@ -313,7 +340,7 @@ def band_chart(
         .mark_line(strokeWidth=2.5, point=point, **quiet)
         .encode(
             x=x,
-            y=alt.Y("mean:Q", title=y_label, scale=y_scale),
+            y=alt.Y("mean:Q", title=y_label, scale=y_scale, axis=y_axis),
             color=colour,
             tooltip=[
                 alt.Tooltip("arm:N", title=colour_title),
@@ -331,11 +358,23 @@ def band_chart(
         behind.append(
             alt.Chart()
             .mark_line(strokeWidth=1.2, opacity=0.3, **quiet)
-            .encode(x=x, y=alt.Y(f"{RAW}:Q", title=y_label, scale=y_scale), color=colour)
+            .encode(
+                x=x, y=alt.Y(f"{RAW}:Q", title=y_label, scale=y_scale, axis=y_axis), color=colour
+            )
         )
     layered = BandChart(data=data, layer=[*behind, area, *edges, line])
-    heading = alt.TitleParams(
-        text=title or shown.name, subtitle=metric, subtitleColor="#888", anchor="start"
+    if legend_below:
+        # Streamlit fits the whole chart in `height`: the legend's rows are added to it, or
+        # they would squeeze the plot to nothing
+        height += 18 * ((len(arms) + 1) // 2) + 28
+    # the key under the display name, to look it up by (`subtitle`: another line, "" none)
+    below = metric if subtitle is None else subtitle
+    heading = (
+        alt.TitleParams(
+            text=title or shown.name, subtitle=below, subtitleColor="#888", anchor="start"
+        )
+        if below
+        else alt.TitleParams(text=title or shown.name, anchor="start")
     )
     return layered.properties(title=heading, height=height)
 
@@ -393,6 +432,8 @@ def final_text(finals: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
         delta = b - a if not (pd.isna(a) or pd.isna(b)) else np.nan
         if pd.isna(delta):
             change = "—"
+        elif delta == 0:
+            change = "0 pp" if shown.unit == metric_display.PERCENT else "0"
         elif shown.unit == metric_display.PERCENT:
             change = f"{delta * shown.scale:+.1f} pp"
         else:

@@ -102,9 +102,12 @@ def draw(
     if counters is not None and counters.empty:
         st.warning(f"`{x_metric}` was not logged: plotting against the rollout step instead.")
         x_metric, x_label, counters = None, "rollout step", None
-    charts = []
+    charts: list[curves.BandChart | str] = []
+    notes: list[str] = []
     if HELD_OUT in chosen:
-        charts.append(_held_out(engine, runs, line_of, lines, x_metric, x_label, bounds, n_title))
+        chart, note = _held_out(engine, runs, line_of, lines, x_metric, x_label, bounds, n_title)
+        charts.append(chart)
+        notes += [note] if note else []
     training = [m for m in chosen if m != HELD_OUT]
     if training:
         long = reads.metric_curves(
@@ -130,6 +133,7 @@ def draw(
                     points=points,
                     colour_title="line",
                     n_title=n_title,
+                    legend_below=True,
                 )
             )
     grid = st.columns(2)
@@ -145,6 +149,7 @@ def draw(
         + " (none where one); held-out: step 0 is the starting model, a point per evaluation"
         + (f"; {smoothed}" if smoothed else "")
         + ". Shares in percent (docs/units.md)."
+        + "".join(f" {note}" for note in notes)
     )
 
 
@@ -157,12 +162,12 @@ def _held_out(
     x_label: str,
     bounds: tuple[str, str],
     n_title: str,
-) -> curves.BandChart | str:
+) -> tuple[curves.BandChart | str, str]:
     """The held-out score's chart (avg@k on the runs' most common data set and k), or a line
-    saying why there is none."""
+    saying why there is none; and a note for the caption (runs evaluated elsewhere)."""
     chosen = eval_set(runs)
     if chosen is None:
-        return "No evaluations of these runs yet."
+        return "No evaluations of these runs yet.", ""
     dataset, k = chosen
     mine = runs[(runs["eval_dataset"] == dataset) & (runs["eval_k"] == k)]
     ids = [int(r) for r in mine["run_id"]]
@@ -170,20 +175,26 @@ def _held_out(
     counters = reads.metric_curves(engine, ids, names=[x_metric]) if x_metric is not None else evals
     band = curves.eval_band(evals, counters, x_metric)
     if band.empty:
-        return f"No evaluations on {dataset} (k = {k}) yet."
+        return f"No evaluations on {dataset} (k = {k}) yet.", ""
     left_out = len(runs) - len(mine)
-    title = f"{dataset}: held-out avg@{k}" + (
-        f" ({left_out} run(s) evaluated elsewhere left out)" if left_out else ""
+    note = (
+        f"The held-out chart is on {dataset} at k = {k}: {left_out} run(s) evaluated on "
+        "another set (or not yet) are not in it."
+        if left_out
+        else ""
     )
-    return curves.band_chart(
+    chart = curves.band_chart(
         band,
         reads.EVAL_CURVE,
         [line for line in lines if line in set(band["arm"])],
         x_label,
-        title=title,
+        title=f"{dataset}: held-out avg@{k}",
         y_title=metric_display.held_out(k),
+        subtitle="",  # its data are the evaluations, not a logged metric
         points=True,
         bounds=bounds,
         colour_title="line",
         n_title=n_title,
+        legend_below=True,
     )
+    return chart, note

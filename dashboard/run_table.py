@@ -147,8 +147,10 @@ def group_of(
         run_id = int(row["run_id"])
         if key == NO_GROUP:
             out[run_id] = run_label(row)
-        elif key in GROUP_FIELDS:
-            out[run_id] = f"{key}={row[key]}"
+        elif key == "sweep":
+            out[run_id] = f"#{int(row['sweep_id'])} {row['sweep']}"
+        elif key in GROUP_FIELDS:  # the arm or the preset: its name says what it is
+            out[run_id] = str(row[key])
         else:
             value = configs.get(run_id, {}).get(key, "(absent)")
             out[run_id] = group_label(key, value)
@@ -198,32 +200,56 @@ def sorted_runs(runs: pd.DataFrame, sort: str, metric_column: str | None = None)
     )
 
 
+def number_text(values: pd.Series, places: int | None = 1) -> list[str]:
+    """Numbers as a table's text: `places` decimals (None: whole), '—' where there is none
+    (a number column would show 'None'). Streamlit's table sorts such text as numbers."""
+    out = []
+    for value in values:
+        if value is None or pd.isna(value):
+            out.append("—")
+        elif places is None:
+            out.append(f"{int(value):,}")
+        else:
+            out.append(f"{float(value):.{places}f}")
+    return out
+
+
 def display_table(
     runs: pd.DataFrame,
     config_columns: Mapping[str, Sequence[Any]] | None = None,
     metric: str | None = None,
+    arm_names: Mapping[tuple[int, str], str] | None = None,
 ) -> pd.DataFrame:
-    """The table as shown: a link to each run's page, what it is, its status with a glyph,
-    its held-out scores in percent (the table's unit), its metric column in the metric's shown
-    unit, then the config columns asked for."""
+    """The table as shown: a link to each run's page, what it is (a grid's arm by what varies,
+    from `arm_names`: (sweep id, arm) -> label), its status with a glyph, its held-out scores
+    in percent (the table's unit), its metric column in the metric's shown unit, then the
+    config columns asked for; a missing number reads '—'."""
+    names = arm_names or {}
     frame = pd.DataFrame(
         {
             "page": "run?run=" + runs["run_id"].astype(int).astype(str),
             "sweep": "#" + runs["sweep_id"].astype(int).astype(str) + " " + runs["sweep"],
-            "arm": runs["arm"],
+            "arm": [
+                names.get((int(w), str(a)), str(a))
+                for w, a in zip(runs["sweep_id"], runs["arm"], strict=True)
+            ],
             "seed": runs["seed"].astype(int),
             "attempt": runs["attempt"].astype(int),
             "status": runs["status"].map(status_badge),
             "tags": runs["tags"].map(", ".join),
-            "start": 100.0 * runs["start"].astype(float),
-            "final": 100.0 * runs["final"].astype(float),
-            "final_step": runs["final_step"],
-            "steps": runs["steps"],
+            "start": number_text(100.0 * runs["start"].astype(float)),
+            "final": number_text(100.0 * runs["final"].astype(float)),
+            "final_step": number_text(runs["final_step"], None),
+            "steps": number_text(runs["steps"], None),
             "preset": runs["preset"],
         }
     )
     if metric is not None and metric in runs:
-        frame[metric] = runs[metric].astype(float) * metric_display.scale(metric)
+        shown = runs[metric].astype(float) * metric_display.scale(metric)
+        if metric_display.is_share(metric):
+            frame[metric] = number_text(shown, 1)
+        else:
+            frame[metric] = ["—" if pd.isna(v) else f"{v:.4g}" for v in shown]
     for key, values in (config_columns or {}).items():
         frame[key] = list(values)
     return frame.reset_index(drop=True)

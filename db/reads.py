@@ -226,6 +226,19 @@ def parents(sweep: Any, order: Sequence[str]) -> dict[str, str | None]:
 # --- sweeps ------------------------------------------------------------------------------
 
 
+def sweep_ladders(
+    engine: sa.Engine, sweep_ids: Sequence[int] | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """sweep id -> its stored ladder (the rungs, with a grid's `grid` points), of the given
+    sweeps or of every one: what names a grid's arms by what varies on pages that list runs
+    of several sweeps."""
+    query = sa.select(_sweeps.c.id, _sweeps.c.ladder)
+    if sweep_ids is not None:
+        query = query.where(_sweeps.c.id.in_([int(s) for s in sweep_ids]))
+    with engine.connect() as conn:
+        return {int(i): list(ladder or []) for i, ladder in conn.execute(query)}
+
+
 def latest_sweep_id(engine: sa.Engine) -> int | None:
     """The newest sweep's id, or None for an empty store."""
     with engine.connect() as conn:

@@ -57,6 +57,18 @@ def group_samples(size: int) -> list[dict[str, Any]]:
     return out
 
 
+# The per-token record (dapo_core.train.rollout.token_record) of group 0's first two members,
+# so that the colouring and its legend show; the other responses are plain text.
+TOKENS = {
+    "text": ["Answer", ": ", "0", "</s>"],
+    "p_old": [0.9, 0.5, 0.1, 0.95],
+    "ratio": [1.0, 1.1, 1.4, 1.0],
+    "clip": [0, 0, 1, 0],
+    "entropy": [0.3, 1.2, 2.0, 0.1],
+    "eligible": [0, 1, 1, 0],
+}
+
+
 def build_many_groups(url: str, size: int = 16) -> tuple[int, int]:
     """(sweep id, run id) of a one-run sweep whose step 1 holds GROUPS groups of `size`."""
     store = Store(url)
@@ -75,7 +87,10 @@ def build_many_groups(url: str, size: int = 16) -> tuple[int, int]:
         resume_step=None,
         checkpoint_dir="/runs/many-groups",
     ).run_id
+    samples = group_samples(size)
+    for sample in samples[:2]:
+        sample["tokens"] = TOKENS
     with store.sink(run_id) as sink:
-        sink.log_samples(1, group_samples(size))
+        sink.log_samples(1, samples)
     store.update_run(run_id, status="completed", steps=1)
     return sweep_id, run_id

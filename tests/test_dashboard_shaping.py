@@ -13,7 +13,6 @@ from dapo_common.util import duration
 from dashboard import configs, curves, rollouts, shaping
 from db import stats, table_format
 
-
 FINALS = {
     "grpo": {0: 0.30, 1: 0.34},
     "clip_higher": {0: 0.40, 1: 0.45},
@@ -270,7 +269,10 @@ def test_attach_x_drops_steps_without_the_x_metric() -> None:
 def test_band_chart_builds_and_final_values() -> None:
     band = curves.curve_band(_long(), ["acc/mean"], None, 0.0)
     spec = curves.band_chart(band, "acc/mean", ["a"], "rollout step").to_dict()
-    assert spec["title"] == "acc/mean"
+    # titled by its display name, the key under it to look it up by (dapo_common.metric_display)
+    assert spec["title"]["text"] == "training accuracy"
+    assert spec["title"]["subtitle"] == "acc/mean"
+    assert spec["layer"][-1]["encoding"]["y"]["title"] == "training accuracy (%)"
     # Which arm is which colour must be readable: no layer may switch the shared legend off
     # (Vega-Lite drops the merged legend of a layered chart if one layer says legend=None).
     colours = [layer["encoding"]["color"] for layer in spec["layer"]]

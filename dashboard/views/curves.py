@@ -111,6 +111,7 @@ else:
             height=320,
             title=f"{eval_set}: held-out avg@{eval_k}",
             y_title=metric,
+            subtitle="",  # its data are the evaluations, not a logged metric
             points=True,
             bounds=bounds,
             log_y=log_y and curves.log_ready(band),

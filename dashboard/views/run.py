@@ -103,6 +103,8 @@ if run["sweep_id"] is not None:
     attempts = reads.arm_attempts(engine, int(run["sweep_id"]), str(run["arm"]))
     if not attempts.empty and "status" in attempts:
         attempts = attempts.assign(status=attempts["status"].map(shaping.status_badge))
+    if not attempts.empty and "error" in attempts:  # an empty cell, not "None"
+        attempts = attempts.assign(error=attempts["error"].fillna("").map(str))
     wanted = ["run_id", "seed", "attempt", "status", "started_at", "finished_at", "wall_s"]
     wanted += ["steps", "error", "config_hash"]
     st.dataframe(

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dapo_common import metric_display
-from dashboard import notes, progress, run_curves, run_table, shaping, widgets
+from dashboard import grids, notes, progress, run_curves, run_table, shaping, widgets
 from db import live as in_flight
 from db import reads, run_index
 
@@ -101,8 +101,15 @@ config_keys = c7.multiselect(
     key="runs-columns",
     help="Config keys shown as columns; by default the ones that differ between the listed runs.",
 )
+# a grid's arms by what varies ("clip_high=0.24"), as on the sweep's own pages
+ladders = reads.sweep_ladders(engine, sorted({int(s) for s in listed["sweep_id"]}))
+arm_names = {
+    (sweep_id, arm): label
+    for sweep_id, ladder in ladders.items()
+    for arm, label in grids.arm_labels(ladder).items()
+}
 shown = run_table.display_table(
-    listed, {k: frame[k].tolist() for k in config_keys}, metric if metric else None
+    listed, {k: frame[k].tolist() for k in config_keys}, metric, arm_names
 )
 # progress of the running ones, in steps (db.live: a read per running run)
 running_ids = [int(r) for r, s in zip(listed["run_id"], listed["status"], strict=True)
@@ -118,27 +125,30 @@ shown.insert(
 columns = {
     "page": st.column_config.LinkColumn("run", display_text=r"run\?run=(\d+)", width=60),
     "sweep": st.column_config.TextColumn("sweep", width=130),
-    "arm": st.column_config.TextColumn("arm", width=150),
+    "arm": st.column_config.TextColumn("arm", width=190, help="a grid's arm: what it varies"),
     "seed": st.column_config.NumberColumn("seed", format="%d", width=45),
     "attempt": st.column_config.NumberColumn("attempt", format="%d", width=60),
     "status": st.column_config.TextColumn("status", width=115),
     "progress": progress.progress_column(help="steps done of run.steps (running runs)"),
     "tags": st.column_config.TextColumn("tags", width=110),
-    "start": st.column_config.NumberColumn(
-        "start (%)", format="%.1f", help="held-out avg@k of the starting model (step 0)"
+    # numbers as text ("—" where there is none), right-aligned; the table sorts them as numbers
+    "start": st.column_config.TextColumn(
+        "start (%)",
+        alignment="right",
+        width=70,
+        help="held-out avg@k of the starting model (step 0)",
     ),
-    "final": st.column_config.NumberColumn(
+    "final": st.column_config.TextColumn(
         "held-out (%)",
-        format="%.1f",
+        alignment="right",
+        width=90,
         help="held-out avg@k at the run's last evaluation (a running run: its latest)",
     ),
-    "final_step": st.column_config.NumberColumn("at step", format="%d", width=60),
-    "steps": st.column_config.NumberColumn("steps", format="%d", width=55),
+    "final_step": st.column_config.TextColumn("at step", alignment="right", width=60),
+    "steps": st.column_config.TextColumn("steps", alignment="right", width=55),
 }
 if metric is not None:
-    columns[metric] = st.column_config.NumberColumn(
-        metric_display.label(metric), format="%.1f" if metric_display.is_share(metric) else "%.4g"
-    )
+    columns[metric] = st.column_config.TextColumn(metric_display.label(metric), alignment="right")
 selection = st.dataframe(
     shown,
     hide_index=True,
@@ -180,6 +190,13 @@ if not picked_rows and len(listed) > MAX_PLOTTED:
         f"The curves of the first {MAX_PLOTTED} of the {len(listed)} listed runs, in the "
         "table's order: narrow the filter, sort, or pick rows to draw others."
     )
+# lines named as the table names the arms (a grid's by what varies)
+plotted = plotted.assign(
+    arm=[
+        arm_names.get((int(w), str(a)), str(a))
+        for w, a in zip(plotted["sweep_id"], plotted["arm"], strict=True)
+    ]
+)
 line_of = run_table.group_of(plotted, configs, str(group_key))
 run_curves.draw(engine, plotted, line_of, key="runs-curves")
 with st.expander("Lines and their runs"):

@@ -66,9 +66,6 @@ def sweeps_body() -> None:
         column_order=layout.SWEEP_ORDER,
         column_config=layout.sweep_columns(),
     )
-    if not steps.empty:
-        st.markdown("**Running now**")
-        progress.show_running(steps, key="sweeps-running")
     left_out = len(ids) - len(listable)
     st.caption(
         f"{len(sweeps)} sweep(s)"
@@ -86,6 +83,9 @@ def sweeps_body() -> None:
         "runner-up significantly: the 95% t-interval of their difference, paired by seed, lies "
         "above 0."
     )
+    if not steps.empty:
+        st.markdown("**Running now**")
+        progress.show_running(steps, key="sweeps-running")
 
 
 sweeps_body()
