@@ -521,7 +521,9 @@ class Updater:
         this rank's rows, in the same micro-batches as the update (so FSDP's collectives stay in
         step), the rows gathered from every rank, then one choice over all of them: the same on
         every rank and whatever the split, so micro-batch accumulation stays exact. θ does not
-        change within a mini-batch, so these are the log-probs and entropies the loss then sees.
+        change within a mini-batch, so these are the log-probs and entropies the loss then sees
+        (under dropout, from another draw of it). The cost: one more forward, without gradient,
+        per mini-batch, for these variants only.
         Returns each row's choice, keyed by id(row)."""
         a, mb = self.cfg.algo, self.cfg.batch.micro_batch_size
         position = {id(s): k for k, s in enumerate(rows)}
