@@ -79,38 +79,15 @@ def check_architecture(preset: str, dry_run: bool) -> Architecture:
     )
 
 
-def word_tokenizer(vocab: int) -> Any:
-    """A tokenizer with exactly `vocab` tokens (so every id a random model samples decodes):
-    characters, `Answer:`, then filler tokens `<tN>`. Built here: no hub."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from dapo_core.setup.architectures import ANSWER, EOS, PAD, UNK, tiny_vocab
-
-    table = tiny_vocab()
-    if vocab < len(table):
-        raise ValueError(f"vocab {vocab} < the {len(table)} characters the prompts need")
-    for i in range(len(table), vocab):
-        table[f"<t{i}>"] = i
-    tok = Tokenizer(models.WordLevel(table, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{ANSWER}|[\s\S]"), "isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token=PAD,
-        eos_token=EOS,
-        unk_token=UNK,
-        padding_side="left",
-        model_max_length=1 << 20,
-    )
-
-
 def build_model_dir(arch: Architecture, out: Path, device: str, seed: int = 0) -> int:
     """Save a random-initialised Qwen2 model of `arch` (bfloat16 on disk, as the hub's are) and
     its tokenizer to `out`; returns the parameter count."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = word_tokenizer(arch.vocab)
+    from dapo_core.models import build_tiny_tokenizer, quiet_progress
+
+    # The tiny model's tokenizer (characters, `Answer:`) filled to the shape's vocabulary.
+    tokenizer = build_tiny_tokenizer(arch.vocab, max_length=1 << 20)
     config = Qwen2Config(
         vocab_size=arch.vocab,
         hidden_size=arch.hidden,
@@ -131,8 +108,6 @@ def build_model_dir(arch: Architecture, out: Path, device: str, seed: int = 0) -
     model.to(torch.bfloat16)  # type: ignore[arg-type]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    from dapo_core.models import quiet_progress
-
     with quiet_progress():
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -37,7 +37,7 @@ import torch
 from dapo_common.util import duration
 from dapo_core.cache import cache_root, quiet_progress
 from dapo_core.data import explore, lookup, synthetic
-from dapo_core.setup.architectures import EOS, PAD, UNK, tiny_vocab
+from dapo_core.setup.architectures import ANSWER, EOS, PAD, UNK, tiny_vocab
 from dapo_core.setup.config import ModelConfig, is_local_path
 
 if TYPE_CHECKING:
@@ -312,13 +312,24 @@ def warm_start_reporter(
     return on_step
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Characters as tokens, `Answer:` as one (so the answer line costs 4 tokens, not 10)."""
+def build_tiny_tokenizer(
+    vocab: int | None = None, *, max_length: int = 512
+) -> PreTrainedTokenizerFast:
+    """Characters as tokens, `Answer:` as one (so the answer line costs 4 tokens, not 10).
+
+    `vocab`: fill the table with filler tokens `<tN>` up to exactly that many ids, so that every
+    id a randomly initialised model of that vocabulary samples decodes (bench/gpu_check.py's
+    Qwen-shaped models). Needs only `tokenizers` and transformers: no hub."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(tiny_vocab(), unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"Answer:|[\s\S]"), "isolated")
+    table = tiny_vocab()
+    if vocab is not None:
+        if vocab < len(table):
+            raise ValueError(f"vocab {vocab} < the {len(table)} characters the prompts need")
+        table.update({f"<t{i}>": i for i in range(len(table), vocab)})
+    tok = Tokenizer(models.WordLevel(table, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(rf"{ANSWER}|[\s\S]"), "isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -326,7 +337,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=EOS,
         unk_token=UNK,
         padding_side="left",
-        model_max_length=512,
+        model_max_length=max_length,
     )
 
 
