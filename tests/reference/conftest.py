@@ -30,6 +30,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VERL_VENV = ROOT / ".venv-verl"
 VERL_VERSION = "0.9.1"
+# What scripts/setup_verl.sh writes into .venv-verl/.installed: verl, and TRL beside it.
+STAMP = f"{VERL_VERSION} trl 1.16.0"
 
 CORE_FUNCTIONS = (
     "agg_loss",
@@ -60,7 +62,7 @@ CORE_FUNCTIONS = (
 
 def _verl_site() -> Path | None:
     stamp = VERL_VENV / ".installed"
-    if not stamp.is_file() or stamp.read_text().strip() != VERL_VERSION:
+    if not stamp.is_file() or stamp.read_text().strip() != STAMP:
         return None
     for site in sorted(VERL_VENV.glob("lib/python3*/site-packages")):
         if (site / "verl").is_dir():
