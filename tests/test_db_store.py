@@ -6,7 +6,6 @@ fresh SQLite file, once on a fresh PostgreSQL schema.
 
 from __future__ import annotations
 
-import ast
 import math
 import socket
 import subprocess
@@ -29,7 +28,6 @@ from db.errors import NotFound, SchemaMismatch
 from db.models import TABLES, Base
 from db.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
 LADDER = [
     {"arm": "grpo", "adds": "naive GRPO", "paper_score": 30},
     {"arm": "clip_higher", "adds": "decoupled clip", "paper_score": 38},
@@ -525,17 +523,9 @@ FORBIDDEN = {
 }
 
 
-def test_db_imports_no_training_stack_nor_other_layers() -> None:
-    for path in sorted((ROOT / "db").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                assert name.split(".")[0] not in FORBIDDEN, f"{path} imports {name}"
+def test_importing_db_pulls_in_no_training_stack_nor_other_layers() -> None:
+    """What the modules import on the page is tests/test_layers.py's; this is what importing
+    them brings into a process, third-party imports included."""
     code = (
         "import sys, db.cli, db.store, db.reads, db.ablation, db.mechanism_table, db.grids, "
         "db.table_format; "
