@@ -121,7 +121,7 @@ CHECKS: tuple[Check, ...] = (
         DOSE_COMMAND,
         "eps_high=0.28",
         "eps_high=0.2",
-        "updates to 50%",
+        "updates to 50%, interpolated",
         REACH,
         about="gradient updates until held-out accuracy first reaches 50% (the crossing "
         "interpolated between evaluations)",

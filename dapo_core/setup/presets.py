@@ -2,7 +2,9 @@
 
 `tiny` is the embedded default (no GPU, no network: a tiny Llama-style model warm-started on a
 synthetic integer-answer task, 2 CPU cores); `explore` is the same machinery on a second
-embedded task built so that each mechanism of the ladder has something to act on. The others are real runs with the same code path:
+embedded task built so that each mechanism of the ladder has something to act on; `lookup` a
+third, where the response is one decision (the clip's mechanism checks, docs/mechanisms.md).
+The others are real runs with the same code path:
 each names the recipe its numbers follow, HARDWARE the GPUs `dapo plan` accepts it on (a test
 checks every one), and its comment an estimated cost (the assumptions are in COST).
 """
