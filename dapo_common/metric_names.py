@@ -96,8 +96,34 @@ def peak_mem(phase: str) -> str:
     return PEAK_MEM_PREFIX + phase
 
 
+# --- staleness of the trained samples (both rollout modes; docs/async.md) ---
+# A sample's lag: the rollout step that trains it minus the one whose starting weights sampled
+# it (its policy version). Sync: 0, or 1 for dynamic sampling's carried groups; async: at most
+# rollout.max_staleness when taken from the stream, one more if then carried.
+STALENESS_MEAN = "staleness/mean"  # over the trained samples (responses)
+STALENESS_MAX = "staleness/max"
+STALENESS_LAG_PREFIX = "staleness/lag_"  # trained samples at each lag: staleness/lag_0, ...
+STALE_DROPPED = "staleness/dropped_samples"  # samples taken but too stale to train, this step
+
+
+def staleness_lag(lag: int) -> str:
+    """The count of trained samples at one lag: 1 → `staleness/lag_1`."""
+    if lag < 0:
+        raise ValueError(f"lag {lag}: a sample cannot come from a later policy than its trainer")
+    return f"{STALENESS_LAG_PREFIX}{lag}"
+
+
+# Response tokens of the training batch per second the trainer was busy (the step's wall time
+# less its wait for rollouts): the trainer side's rate, beside perf/tokens_per_s (the rollout
+# side's: generated tokens per second of generation).
+TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
+
 ROLLOUT_S = "time/rollout_s"
 REWARD_S = "time/reward_s"
+# rollout.mode=async only: seconds the rollout worker waited (for weights, or for the trainer
+# to take what it made) since the previous step, and seconds the trainer waited for rollouts.
+ROLLOUT_IDLE_S = "time/rollout_idle_s"
+TRAINER_IDLE_S = "time/trainer_idle_s"
 OLD_LOGPROB_S = "time/old_logprob_s"
 UPDATE_S = "time/update_s"
 STEP_S = "time/step_s"

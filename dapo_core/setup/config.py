@@ -60,6 +60,7 @@ LOSS_MODES: tuple[str, ...] = (
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "sequence_mask", "decoupled")
 GRADERS: tuple[str, ...] = ("dapo", "lenient")
 ENGINES: tuple[str, ...] = ("hf", "vllm")
+ROLLOUT_MODES: tuple[str, ...] = ("sync", "async")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # Trackers beside the store, by verl's `trainer.logger` names (dapo_core.train.trackers).
 LOGGERS: tuple[str, ...] = ("mlflow", "wandb", "tensorboard", "trackio")
@@ -161,10 +162,30 @@ class RolloutConfig:
     """Generation budget in tokens: L_max of Eq. 13 (the paper: 20480)."""
     gpu_memory_utilization: float = 0.5
     """vLLM only: share of GPU memory for weights and KV cache."""
+    mode: str = "sync"
+    """`sync` (sample, update, push weights, in turn) or `async` (a rollout worker keeps
+    sampling with the newest weights it has received while the trainer updates; docs/async.md)."""
+    max_staleness: int = 1
+    """async only: policy versions (rollout steps) a sample may lag the weights that train it;
+    0 is exactly the sync run (verl's staleness_threshold, TRL's max_staleness)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "rollout")
         _check(self.engine in ENGINES, f"rollout.engine={self.engine!r}: use one of {ENGINES}")
+        _check(
+            self.mode in ROLLOUT_MODES,
+            f"rollout.mode={self.mode!r}: use sync or async",
+        )
+        _check(
+            self.max_staleness >= 0,
+            f"rollout.max_staleness={self.max_staleness}: the policy versions a sample may lag, "
+            ">= 0 (0: exactly the sync run)",
+        )
+        _check(
+            self.mode == "async" or self.max_staleness == 1,
+            f"rollout.max_staleness={self.max_staleness} does nothing with rollout.mode=sync: "
+            "set rollout.mode=async too",
+        )
         _check(
             self.group_size >= 2,
             f"rollout.group_size={self.group_size}: group-relative advantages need G >= 2",

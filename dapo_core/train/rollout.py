@@ -209,10 +209,26 @@ class ProblemStream:
 
 
 # --- steps 1-2: fresh groups ------------------------------------------------------------------
+@dataclass
+class Shard:
+    """One generation batch as this rank made it: its share of the batch's prompts (whole
+    groups, in prompt order), sampled and scored, before the ranks' shares are gathered."""
+
+    n_prompts: int  # prompts of the whole batch (every rank's share)
+    groups: list[Group]  # this rank's share
+    rollout_s: float  # seconds generating
+    reward_s: float  # seconds scoring
+
+
 class GroupSource:
     """`source(n)`: the next n prompts, G responses each, scored. Every rank draws the same
     prompts and samples its share (whole groups) with its own engine; the groups are gathered
-    back into prompt order, so every rank holds the same groups."""
+    back into prompt order, so every rank holds the same groups.
+
+    `produce` (draw, sample and score this rank's share: no collective) and `gather` (the
+    ranks' shares into one batch) are the two halves of a call; an asynchronous rollout
+    worker runs the first on its own thread and the trainer the second
+    (dapo_core.train.async_rollout)."""
 
     def __init__(
         self,
@@ -241,6 +257,7 @@ class GroupSource:
         self.tokens = 0  # response tokens generated, cumulative
         self.version = 0
         self.times = {"rollout": 0.0, "reward": 0.0}
+        self.dropped = 0  # samples taken this step but too stale to train (async only)
 
     def start_step(self, version: int) -> dict[str, float]:
         """Reset the step's timers; the groups drawn from now on carry policy `version`."""
@@ -249,6 +266,14 @@ class GroupSource:
         return self.times
 
     def __call__(self, n_prompts: int) -> list[Group]:
+        part = self.produce(n_prompts)
+        self.times["rollout"] += part.rollout_s
+        self.times["reward"] += part.reward_s
+        return self.gather(part)
+
+    def produce(self, n_prompts: int) -> Shard:
+        """The next n prompts of the stream; this rank's share sampled with its engine and
+        scored, stamped with the current policy `version`. No collective."""
         problems = [self.problems[i] for i in self.stream.take(n_prompts)]
         rank, world = self.dist.rank, self.dist.world_size
         mine = shard(list(range(len(problems))), rank, world)
@@ -264,15 +289,43 @@ class GroupSource:
             self.group_size,
             self.version,
         )
-        self.times["rollout"] += t1 - t0
-        self.times["reward"] += time.perf_counter() - t1
+        return Shard(len(problems), groups, t1 - t0, time.perf_counter() - t1)
+
+    def gather(self, part: Shard) -> list[Group]:
+        """Every rank's share of one batch, in prompt order (a collective on N workers); their
+        response tokens count as generated."""
+        groups = part.groups
+        world = self.dist.world_size
         if world > 1:
+            n = part.n_prompts
             parts = self.dist.all_gather_object(groups)
-            order = [i for r in range(world) for i in shard(list(range(len(problems))), r, world)]
-            by_index = dict(zip(order, [g for part in parts for g in part], strict=True))
-            groups = [by_index[i] for i in range(len(problems))]
+            order = [i for r in range(world) for i in shard(list(range(n)), r, world)]
+            by_index = dict(zip(order, [g for p in parts for g in p], strict=True))
+            groups = [by_index[i] for i in range(n)]
         self.tokens += sum(len(r.completion.token_ids) for g in groups for r in g.rollouts)
         return groups
+
+    # --- what a checkpoint keeps of the stream (the async source keeps its worker's) ------
+    def data_state(self) -> dict[str, int]:
+        """Where the prompt stream stands: the next prompt a step draws."""
+        return self.stream.state_dict()
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.stream.load_state_dict(state)
+
+    def engine_state(self) -> dict[str, Any]:
+        """The sampling engine's random stream: the next step's samples follow from it."""
+        return self.engine.state_dict()
+
+    def load_engine_state(self, state: Mapping[str, Any]) -> None:
+        self.engine.load_state_dict(state)
+
+    def collected(self, step: int) -> None:
+        """Step `step` has its training batch (nothing waits on it here; see AsyncSource)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """What the source adds to a step's metrics (the async source: its idle times)."""
+        return {}
 
     def greedy_rewards(self, groups: Sequence[Group]) -> list[float]:
         """ReMax's baseline (arXiv 2310.10505): each group's prompt answered once greedily

@@ -11,6 +11,7 @@ is dapo_core.train.loop, the evaluations dapo_core.train.evaluation.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import logging
@@ -152,10 +153,18 @@ class OneWorker:
                 load_sharded_model(model, ckpt)  # N workers' masters, resharded into one process
             else:
                 load_model_weights(model, ckpt)
-        engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, work_dir=run.out_dir)
+        engine = make_engine(
+            cfg.rollout.engine,
+            rollout_model(cfg, model),
+            copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer,
+            cfg,
+            work_dir=run.out_dir,
+        )
         run.cleanup.callback(engine.close)
         trainer = Trainer(cfg, model, tokenizer, engine, run.problems)
-        return Parts(model, tokenizer, engine, trainer)
+        run.cleanup.callback(trainer.close)  # the rollout worker stops before its engine closes
+        # Evaluations sample through the trainer's engine: async, the worker's, seeded.
+        return Parts(model, tokenizer, trainer.engine, trainer)
 
     def restore(self, parts: Parts, ckpt: Path, state: dict[str, Any]) -> None:
         from dapo_core.train.checkpoint import is_sharded, load_sharded_optimizer
@@ -179,6 +188,15 @@ class OneWorker:
 
     def sink(self, run: Run) -> MetricsSink:
         return self.metrics
+
+
+def rollout_model(cfg: ExperimentConfig, model: PreTrainedModel) -> PreTrainedModel:
+    """The model the one-worker hf engine samples from: the trainer's own in sync mode (weight
+    sync is free), a copy in async mode, where the rollout worker samples while the trainer
+    updates (the copy gets the weights by version; vllm holds its own copy either way)."""
+    if cfg.rollout.mode != "async" or cfg.rollout.engine != "hf":
+        return model
+    return copy.deepcopy(model)
 
 
 @contextlib.contextmanager

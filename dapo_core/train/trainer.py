@@ -14,7 +14,9 @@
       7. push the new weights to the rollout engine; metrics
 
 The pieces live beside it: rollout.py (records, reward, dynamic-sampling buffer), batching.py
-(sequences → tensors), update.py (steps 5–6), collective.py (ranks). With many workers every
+(sequences → tensors), update.py (steps 5–6), collective.py (ranks), async_rollout.py (steps
+1–2 on a worker thread that overlaps step 6: rollout.mode=async, where step 7 hands the worker
+the weights by version and a step takes the worker's batches instead of sampling its own). With many workers every
 rank runs this same step: each generates a share of the prompts, the groups are gathered so
 that every rank holds the same global batch, and the update splits each mini-batch by sequences.
 
@@ -26,9 +28,10 @@ policy version older — the same off-policyness μ > 1 already has.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +41,7 @@ from dapo_common import metric_names as M
 from dapo_core.algo.advantages import get_estimator, group_advantages
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
+from dapo_core.train.async_rollout import AsyncSource, staleness_metrics
 from dapo_core.train.batching import Seq, sequences
 from dapo_core.train.collective import LOCAL, Collective
 from dapo_core.train.memory import PhaseMemory
@@ -109,26 +113,44 @@ class Trainer:
         dist: Collective = LOCAL,
         autocast: bool = True,
         sync_weights: Callable[[], None] | None = None,
+        snapshot_weights: Callable[[], Mapping[str, torch.Tensor]] | None = None,
         device: torch.device | None = None,
     ) -> None:
         """`model` is the causal LM (one worker) or the FSDP2-sharded LogprobModel around it
         (many workers: then `dist` joins the ranks, `autocast=False` because FSDP casts, and
         `sync_weights` gathers the shards into this rank's engine). `device` is where batches
-        go (default: the parameters' device; with CPU offload the compute device differs)."""
+        go (default: the parameters' device; with CPU offload the compute device differs).
+
+        rollout.mode=async: `engine` is the rollout worker's own (its own copy of the weights;
+        the trainer's `engine` becomes the worker's seeded view, async_rollout.WorkerEngine),
+        and `snapshot_weights` gives the weights the worker receives after each update, a copy
+        (default: the model's state dict, cloned; many workers gather the shards)."""
         if not problems:
             raise ValueError(f"data.train={cfg.data.train!r} holds no problems")
         self.cfg, self.model, self.tokenizer, self.engine = cfg, model, tokenizer, engine
         self.problems = list(problems)
         self.dist = dist
         self.device = device or next(model.parameters()).device
-        format_prompt = format_prompt or templated_prompt(cfg.data.prompt_template, tokenizer)
-        self.source = GroupSource(
-            cfg, engine, self.problems, format_prompt, reward or training_reward(cfg), dist
-        )
+        reward = reward or training_reward(cfg)
+        self.asynchronous = cfg.rollout.mode == "async"
+        self.source: GroupSource
+        if self.asynchronous:
+            # The worker formats prompts on its own thread: with its own tokenizer.
+            format_prompt = format_prompt or templated_prompt(
+                cfg.data.prompt_template, copy.deepcopy(tokenizer)
+            )
+            self.source = AsyncSource(cfg, engine, self.problems, format_prompt, reward, dist)
+            self.engine = self.source.engine
+        else:
+            format_prompt = format_prompt or templated_prompt(cfg.data.prompt_template, tokenizer)
+            self.source = GroupSource(cfg, engine, self.problems, format_prompt, reward, dist)
         self.stream = self.source.stream
         # After each update the engine samples with the new weights; by default it is handed
         # the model's state dict (free when the engine shares the model object).
         self._sync = sync_weights or (lambda: self.engine.load_weights(self.model.state_dict()))
+        self._snapshot = snapshot_weights or (
+            lambda: {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        )
 
         self.optimizer, self.scheduler = make_optimizer(cfg, model)
         self._shuffle_gen = torch.Generator(device="cpu").manual_seed(cfg.run.seed + 1)
@@ -192,6 +214,7 @@ class Trainer:
         # 1–3. sample prompts → G responses → rewards → dynamic-sampling filter
         with self.memory.phase("rollout"):
             col = self.sampler.collect(self.source, self.rollout_step)
+        self.source.collected(self.rollout_step)
         batch = col.groups
         metrics = rollout_metrics(
             col, self.cfg.rollout.group_size, len(self.sampler.carry), times["rollout"]
@@ -218,10 +241,6 @@ class Trainer:
             # Skipped updates in a row, across steps: an applied update ends a streak.
             run = stats.trailing_nonfinite
             self.nonfinite_streak = run if stats.updates else self.nonfinite_streak + run
-            # 7. the engine samples the next step with the new weights
-            if stats.updates:
-                with self.memory.phase("sync"):
-                    self._sync()
         else:
             # One key for every empty step (a per-step key never repeats, so it warned every
             # time); the later ones show in each step's sampling/kept_groups.
@@ -232,19 +251,38 @@ class Trainer:
                 f"(algo.max_gen_batches={self.cfg.algo.max_gen_batches}); skipping the update "
                 "(warned once: later empty steps skip theirs without a warning)",
             )
+        # 7. the engine samples the next step with the new weights (async: the worker gets
+        #    them by version, and the version even when no update changed them)
+        if stats.updates or self.asynchronous:
+            with self.memory.phase("sync"):
+                self._publish(updated=bool(stats.updates))
         metrics.update(stats.metrics())
         metrics.update(self.memory.metrics())
+        metrics.update(
+            staleness_metrics(
+                batch,
+                self.rollout_step,
+                max_staleness=self.cfg.rollout.max_staleness if self.asynchronous else 0,
+                dropped=self.source.dropped,
+            )
+        )
+        metrics.update(self.source.step_metrics())
 
         self.gen_batches_total += col.gen_batches
+        step_s = time.perf_counter() - t_step
+        waited = metrics.get(M.TRAINER_IDLE_S, times["rollout"] + times["reward"])
+        trained = sum(len(r.completion.token_ids) for g in batch for r in g.rollouts)
+        busy = step_s - waited
         metrics.update(
             {
+                M.TRAIN_TOKENS_PER_S: trained / busy if busy > 0 else 0.0,
                 M.ROLLOUT_STEP: float(self.rollout_step),
                 M.GRAD_UPDATES: float(self.grad_updates),
                 M.GEN_BATCHES_TOTAL: float(self.gen_batches_total),
                 M.TOKENS_TOTAL: float(self.tokens_total),
                 M.ROLLOUT_S: times["rollout"],
                 M.REWARD_S: times["reward"],
-                M.STEP_S: time.perf_counter() - t_step,
+                M.STEP_S: step_s,
                 M.LR: float(self.optimizer.param_groups[0]["lr"]),
             }
         )
@@ -252,6 +290,22 @@ class Trainer:
             col.generated, self.cfg.run.samples_per_step, sample_advantages, sample_tokens
         )
         return StepResult(self.rollout_step, metrics, samples)
+
+    def _publish(self, *, updated: bool) -> None:
+        """Step 7: the engine samples with the trainer's weights from now on. Async: the worker
+        gets the weights of the next step's policy version (a copy; only the version when
+        nothing `updated` them), without waiting for it to load them."""
+        if not self.asynchronous:
+            if updated:
+                self._sync()
+            return
+        assert isinstance(self.source, AsyncSource)
+        self.source.publish(self.rollout_step + 1, self._snapshot() if updated else None)
+
+    def close(self) -> None:
+        """Stop the rollout worker (async; after the batch it is making). Idempotent."""
+        if isinstance(self.source, AsyncSource):
+            self.source.close()
 
     def _advantages(self, batch: Sequence[Group]) -> torch.Tensor:
         """Step 4: `[P*G]` advantages of the batch by algo.adv_estimator, given what the
@@ -309,11 +363,13 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
             "shuffle_gen": self._shuffle_gen.get_state(),
-            "engine": self.engine.state_dict(),
-            "data": self.stream.state_dict(),
+            "engine": self.source.engine_state(),
+            "data": self.source.data_state(),
             "carry": self.sampler.state_dict(),
             "progress": {
                 "rollout_step": self.rollout_step,
+                # The policy version of the weights saved beside this state: the next step's.
+                "policy_version": self.rollout_step + 1,
                 "grad_updates": self.grad_updates,
                 "gen_batches": self.gen_batches_total,
                 "tokens": self.tokens_total,
@@ -339,22 +395,31 @@ class Trainer:
         if streams:
             self.load_rank_state(state)
         self._shuffle_gen.set_state(state["shuffle_gen"])
-        self.stream.load_state_dict(state["data"])
+        self.source.load_data_state(state["data"])
         self.sampler.load_state_dict(state["carry"])
         p = state["progress"]
         self.rollout_step = int(p["rollout_step"])
+        version = int(p.get("policy_version", self.rollout_step + 1))
+        if version != self.rollout_step + 1:
+            raise ValueError(
+                f"checkpoint of rollout step {self.rollout_step} holds weights of policy version "
+                f"{version}, not {self.rollout_step + 1}: the checkpoint is inconsistent"
+            )
         self.grad_updates = int(p["grad_updates"])
         self.gen_batches_total = int(p["gen_batches"])
         self.source.tokens = int(p["tokens"])
         self.nonfinite_streak = int(p.get("nonfinite_streak", 0))
         if self._ref_model is not None and state.get("ref_model") is not None:
             self._ref_model.load_state_dict(state["ref_model"])
-        self._sync()
+        if isinstance(self.source, AsyncSource):
+            self.source.restart(self.rollout_step + 1)  # queued batches are made again
+        self._publish(updated=True)
 
     def rank_state(self) -> dict[str, Any]:
-        """This process's random streams and its engine's: what differs between ranks."""
-        return {"rng": rng_state(), "engine": self.engine.state_dict()}
+        """This process's random streams and its engine's: what differs between ranks (async:
+        the engine's stream before the first batch not yet taken)."""
+        return {"rng": rng_state(), "engine": self.source.engine_state()}
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         set_rng_state(state["rng"])
-        self.engine.load_state_dict(state["engine"])
+        self.source.load_engine_state(state["engine"])
