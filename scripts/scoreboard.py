@@ -55,12 +55,12 @@ def dapo() -> str:
     return str(here) if here.exists() else "dapo"
 
 
-def rewrite(text: str, name: str, body: str) -> str:
+def rewrite(text: str, name: str, body: str, page: str = PAGE.name) -> str:
     pattern = re.compile(
         rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S
     )
     if not pattern.search(text):
-        raise SystemExit(f"error: {PAGE.name} has no <!-- table:{name} --> ... markers")
+        raise SystemExit(f"error: {page} has no <!-- table:{name} --> ... markers")
     return pattern.sub(lambda m: f"{m.group(1)}{body}\n{m.group(3)}", text, count=1)
 
 
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="--run's directory for a new store")
     parser.add_argument("--check", action="store_true", help="exit 1 when the page would change")
     parser.add_argument("--list", action="store_true", help="print the sweep commands")
+    parser.add_argument("--page", default=str(PAGE), help="the page to write (docs/mechanisms.md)")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(commands(real_model=True)))
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     from db.engine import get_engine
 
     engine = get_engine(store, read_only=True)
-    text = PAGE.read_text(encoding="utf-8")
+    page = Path(args.page)
+    text = page.read_text(encoding="utf-8")
     new = text
     for name, sweep in TABLES.items():
         if sweep is None:  # what `dapo table --scoreboard --format markdown` starts with
@@ -105,17 +107,17 @@ def main(argv: list[str] | None = None) -> int:
             if found is None:
                 continue
             body = scoreboard.detail(engine, found, "markdown")
-        new = rewrite(new, name, body.strip())
+        new = rewrite(new, name, body.strip(), page.name)
     if args.check:
         if new != text:
-            print(f"{PAGE.relative_to(ROOT)} would change", file=sys.stderr)
+            print(f"{page} would change", file=sys.stderr)
             return 1
         return 0
     if new != text:
-        PAGE.write_text(new, encoding="utf-8")
-        print(f"wrote {PAGE.relative_to(ROOT)}")
+        page.write_text(new, encoding="utf-8")
+        print(f"wrote {page}")
     else:
-        print(f"{PAGE.relative_to(ROOT)} is up to date")
+        print(f"{page} is up to date")
     return 0
 
 

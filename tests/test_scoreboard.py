@@ -359,3 +359,37 @@ def test_estimates_are_the_stats_modules() -> None:
     # the rows' Δs are db.stats.paired over seeds: the same record the ablation table uses
     got = stats.paired({0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.0})
     assert got.mean == pytest.approx(0.75) and got.keys == (0, 1)
+
+
+def test_the_docs_page_is_written_from_the_store(
+    store: tuple[str, dict[str, int]], tmp_path: Path
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "scoreboard.py"
+    spec = importlib.util.spec_from_file_location("scoreboard_script", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    url, ids = store
+    page = tmp_path / "mechanisms.md"
+    names = ("scoreboard", "clip-dose", "clip-entropy")
+    page.write_text(
+        "# t\n\n"
+        + "".join(f"<!-- table:{n} -->\nold\n<!-- /table:{n} -->\nkept {n}\n" for n in names)
+    )
+    args = ["--store", url, "--page", str(page)]
+    assert script.main([*args, "--check"]) == 1  # it would change
+    assert script.main(args) == 0
+    text = page.read_text()
+    assert "old" not in text and all(f"kept {n}" in text for n in names)
+    assert "| mechanism | task |" in text and "Clip-Higher's dose-response" in text
+    assert f"(sweep {ids['entropy']})" in text
+    assert script.main([*args, "--check"]) == 0  # up to date now
+    # every check's command is listed once; the real model's only on request
+    assert script.commands(real_model=False) == [
+        scoreboard.TINY_COMMAND,
+        scoreboard.DOSE_COMMAND,
+        scoreboard.ENTROPY_COMMAND,
+    ]
+    assert script.commands(real_model=True)[-1] == scoreboard.REAL_COMMAND
