@@ -15,9 +15,12 @@ sync `GroupSource`'s stand-in). Two rules keep the lag bounded:
 * the gate (`may_start`): the worker starts a batch only when, whatever dynamic sampling does,
   it is taken at a lag ≤ k = rollout.max_staleness. Every step takes at least one batch, so a
   batch `ahead` places after the next one to be taken is taken at step ≤ next_step + ahead;
-  with weights of version w it may start iff next_step + ahead − w ≤ k. So no generation is
-  wasted on samples that will be dropped, and at k = 0 the worker samples batch b exactly
-  when, and with exactly the weights with which, the sync run samples it.
+  with weights of version w it may start iff next_step + ahead − w ≤ k. The next one goes to
+  step t only while step t's trainer waits for it (`take(t)`); from the moment a batch is
+  handed over the next one is counted for step t + 1 (dynamic sampling may still ask for it in
+  step t: then it is fresher than counted). So no generation is wasted on samples that will be
+  dropped, and at k = 0 the worker samples batch b exactly when, and with exactly the weights
+  with which, the sync run samples it.
 * the filter (`admit`): the trainer drops and counts every group taken at a lag > k. Under the
   gate none is; the filter is the guarantee's witness (staleness/dropped_samples).
 
@@ -151,10 +154,10 @@ class RolloutWorker:
     `producer` (a GroupSource holding the worker's own engine and prompt stream; only its
     collective-free `produce` runs here), under the gate of `may_start`.
 
-    The trainer's side: `take` (the next batch, in order), `collected(step)` (step's batch is
-    complete: the next batch goes to step + 1), `push(version, weights)`, `call(fn)` (a function
-    of the engine on the worker's thread, after the newest weights are loaded), `cursor()`,
-    `restart(next_step)` (after the trainer's state was restored), `report()`, `close()`.
+    The trainer's side: `take(step)` (the next batch, in order, for rollout step `step`),
+    `push(version, weights)`, `call(fn)` (a function of the engine on the worker's thread, after
+    the newest weights are loaded), `cursor()`, `restart(cursor, next_step)` (after the
+    trainer's state was restored, before `start()`), `report()`, `close()`.
     """
 
     def __init__(
@@ -207,10 +210,14 @@ class RolloutWorker:
             self._thread = threading.Thread(target=self._run, name="dapo-rollout", daemon=True)
             self._thread.start()
 
-    def take(self) -> tuple[Batch, float]:
-        """The next batch in stream order and the seconds waited for it."""
+    def take(self, step: int) -> tuple[Batch, float]:
+        """The next batch in stream order, for rollout step `step`, and the seconds waited for
+        it. While waiting, the batch is known to go to `step`; once handed over, the next one
+        is counted for step + 1 until the trainer asks for it in `step` again."""
         t0 = time.perf_counter()
         with self._cond:
+            self._next_step = step
+            self._cond.notify_all()
             while self._taken not in self._queue:
                 self._raise_if_failed()
                 if self._thread is None:
@@ -218,16 +225,11 @@ class RolloutWorker:
                 self._cond.wait()
             batch = self._queue.pop(self._taken)
             self._taken += 1
+            self._next_step = step + 1
             for i in [i for i in self._cursors if i < self._taken]:
                 del self._cursors[i]
             self._cond.notify_all()
         return batch, time.perf_counter() - t0
-
-    def collected(self, step: int) -> None:
-        """Step `step` holds its training batch: the next batch taken goes to step + 1."""
-        with self._cond:
-            self._next_step = step + 1
-            self._cond.notify_all()
 
     def push(self, version: int, weights: Mapping[str, Tensor] | None) -> None:
         """The trainer's weights of policy `version` (None: unchanged since the last push, a
@@ -458,7 +460,7 @@ class AsyncSource(GroupSource):
                 f"{n_prompts}"
             )
         while True:
-            batch, waited = self.worker.take()
+            batch, waited = self.worker.take(self.step)
             self.idle_s += waited
             self.times["rollout"] += batch.shard.rollout_s
             self.times["reward"] += batch.shard.reward_s
@@ -474,9 +476,6 @@ class AsyncSource(GroupSource):
                 lag(self.step, batch.policy_version),
                 self.max_staleness,
             )
-
-    def collected(self, step: int) -> None:
-        self.worker.collected(step)
 
     def publish(self, version: int, weights: Mapping[str, Tensor] | None) -> None:
         self.worker.push(version, weights)

@@ -320,9 +320,6 @@ class GroupSource:
     def load_engine_state(self, state: Mapping[str, Any]) -> None:
         self.engine.load_state_dict(state)
 
-    def collected(self, step: int) -> None:
-        """Step `step` has its training batch (nothing waits on it here; see AsyncSource)."""
-
     def step_metrics(self) -> dict[str, float]:
         """What the source adds to a step's metrics (the async source: its idle times)."""
         return {}

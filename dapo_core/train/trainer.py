@@ -214,7 +214,6 @@ class Trainer:
         # 1–3. sample prompts → G responses → rewards → dynamic-sampling filter
         with self.memory.phase("rollout"):
             col = self.sampler.collect(self.source, self.rollout_step)
-        self.source.collected(self.rollout_step)
         batch = col.groups
         metrics = rollout_metrics(
             col, self.cfg.rollout.group_size, len(self.sampler.carry), times["rollout"]
