@@ -17,11 +17,11 @@ from db import mechanisms, stats
 FOCUS_CSS = "background-color: #fff4ce"  # a metric the arm's change is about
 SIGNIFICANT_CSS = "font-weight: 700"  # a Δ to the parent the exact paired test calls real
 # What a cell of the wide table shows: display label -> mechanism_table column.
-CELLS = {
-    "last window": "last",
-    "Δ parent (last window)": "delta_parent",
+CELLS = {  # the first window first, as in every table of it
     "first window": "first",
+    "last window": "last",
     "Δ parent (first window)": "delta_parent_first",
+    "Δ parent (last window)": "delta_parent",
 }
 SUMMARY_COLUMNS = ["arm", "mean", "low", "high", "first", "n", "focus", "text"]
 

@@ -123,6 +123,15 @@ def _arm_changes(
     return grid
 
 
+def bound(metric: str, estimate: stats.Estimate, *, delta: bool = False) -> stats.Estimate:
+    """A share's interval (mechanisms.PERCENT: a fraction of tokens, responses or groups) cut
+    at what a share can be, [0, 1], or [−1, 1] for a difference of two (stats.within); any
+    other metric's as it is."""
+    if metric not in mechanisms.PERCENT:
+        return estimate
+    return stats.within(estimate, -1.0 if delta else 0.0, 1.0)
+
+
 def mechanism_table(
     engine: sa.Engine,
     sweep_id: int,
@@ -213,16 +222,27 @@ def mechanism_table(
                     "seeds": list(lasts),
                     "first_values": [firsts.get(s, math.nan) for s in lasts],
                     "last_values": list(lasts.values()),
-                    "first": stats.t_interval(list(firsts.values()), keys=list(firsts)),
-                    "last": stats.t_interval(list(lasts.values()), keys=list(lasts)),
+                    "first": bound(
+                        name, stats.t_interval(list(firsts.values()), keys=list(firsts))
+                    ),
+                    "last": bound(name, stats.t_interval(list(lasts.values()), keys=list(lasts))),
                     "delta_parent": (
-                        stats.paired(lasts, {s: v for s, (_, v) in theirs.items()})
+                        bound(
+                            name,
+                            stats.paired(lasts, {s: v for s, (_, v) in theirs.items()}),
+                            delta=True,
+                        )
                         if parent is not None
                         else stats.EMPTY
                     ),
                     "delta_parent_first": (
-                        stats.paired(
-                            firsts, {s: f for s, (f, _) in theirs.items() if not math.isnan(f)}
+                        bound(
+                            name,
+                            stats.paired(
+                                firsts,
+                                {s: f for s, (f, _) in theirs.items() if not math.isnan(f)},
+                            ),
+                            delta=True,
                         )
                         if parent is not None
                         else stats.EMPTY

@@ -250,19 +250,29 @@ def mechanism_records(
 ) -> list[dict[str, str]]:
     """One dict of display strings per (arm, metric), in the table's order. `focus_only`
     keeps the metrics each arm's change is about (its signature); an arm that changes keys
-    no metric is about shows one row saying so, and an arm that changes nothing (the base)
-    none. `bare_single`: one-seed values without '(n=1, no interval)' (the table says
+    no metric is about shows one row saying so (as does one whose runs logged none of its
+    metrics, naming them), and an arm that changes nothing (the base) none. `bare_single`: one-seed values without '(n=1, no interval)' (the table says
     SINGLE_NOTE once)."""
     w = window_of(table)
     records: list[dict[str, str]] = []
     shown_arms: set[str] = set()
-    for row in table.to_dict("records"):
+    rows = table.to_dict("records")
+    # An arm whose change is about metrics its runs did not log says which, rather than
+    # showing nothing (a loss mode's covariance share, say, from runs older than it).
+    focused = {str(r["arm"]) for r in rows if r["focus"]}
+    for row in rows:
         arm = str(row["arm"])
         changes = tuple(row["changes"] or ())
         if focus_only and not row["focus"]:
-            if changes and arm not in shown_arms and not focus_metrics(changes):
+            if changes and arm not in shown_arms and arm not in focused:
                 shown_arms.add(arm)
-                records.append(_record(row, w, metric=f"(none for {', '.join(changes)})"))
+                about = focus_metrics(changes)
+                said = (
+                    f"(not logged: {', '.join(metric_label(m) for m in about)})"
+                    if about
+                    else f"(none for {', '.join(changes)})"
+                )
+                records.append(_record(row, w, metric=said))
             continue
         shown_arms.add(arm)
         records.append(_record(row, w, bare_single=bare_single))
@@ -294,8 +304,9 @@ def _record(
 
 
 def delta_labels(w: int) -> dict[str, str]:
-    """Each Δ column of the table (DELTAS) -> its heading, for a window of `w` steps."""
-    return {"delta_parent": "Δ parent", "delta_parent_first": f"Δ parent, first {w}"}
+    """Each Δ column of the table (DELTAS) -> its heading, for a window of `w` steps: the
+    first window first, as everywhere (the start of training, then where it ended)."""
+    return {"delta_parent_first": f"Δ parent, first {w}", "delta_parent": f"Δ parent, last {w}"}
 
 
 def caption(table: pd.DataFrame) -> str:
@@ -304,8 +315,8 @@ def caption(table: pd.DataFrame) -> str:
     return (
         f"per seed, the metric's mean over the first and the last {w} rollout steps of its "
         "run (the runs behind the scores); mean over seeds [95% t-interval over seeds]; "
-        f"Δ parent: last-{w} mean − the parent arm's, paired by seed (Δ parent, first {w}: "
-        f"the same over the first {w}), {SIGNIFICANT_RULE}; "
+        f"Δ parent, first {w} / last {w}: that window's mean − the parent arm's, paired by "
+        f"seed; a share's interval is cut at 0 and 100%, where a share ends; {SIGNIFICANT_RULE}; "
         f"{FOCUS_MARK} = a metric the arm's change (its config diff to its parent) is about; (%) metrics in percent, their Δ in percentage points; — = not "
         "logged"
     )
@@ -326,8 +337,25 @@ def _blank_repeats(records: Sequence[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
+DITTO = '"'
+"""The Prefect artifact's cell for "as the row above" (an arm's parent and changes)."""
+
+
+def _ditto_repeats(records: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """For the Prefect artifact: an arm's parent and changes on its first row, DITTO below
+    (the arm's name stays on every row: it is the key a row is read by)."""
+    out, previous = [], None
+    for record in records:
+        copy = dict(record)
+        if record["arm"] == previous:
+            copy["parent"] = copy["changes"] = DITTO
+        previous = record["arm"]
+        out.append(copy)
+    return out
+
+
 # The table's Estimate columns: the paired Δs to the parent, and all of them.
-DELTAS = ("delta_parent", "delta_parent_first")
+DELTAS = ("delta_parent_first", "delta_parent")
 ESTIMATES = ("first", "last", *DELTAS)
 
 
@@ -382,10 +410,10 @@ def render(
 ) -> str:
     """The mechanism table as text (aligned columns), Markdown or CSV; text and Markdown carry
     the caption. `focus_only`: only the metrics each arm's change is about. Text fits `width`
-    columns (default: dapo_common.text.terminal_width(); `wide`: no limit), hiding the parent,
-    the changes and the first-window columns first; a one-seed value is bare, with
-    SINGLE_NOTE said once under the table. `artifact`: Markdown with the dashboard's signature
-    order, arm, metric, the Δs to the parent, the windows, then parent and changes (the widest
+    columns (default: dapo_common.text.terminal_width(); `wide`: no limit), hiding the parent
+    and the changes first, the windows only after them; a one-seed value is bare, with
+    SINGLE_NOTE said once under the table. `artifact`: Markdown with arm, metric, the Δs to
+    the parent (first window, then last), the windows, then parent and changes (the widest
     text): Prefect's UI leaves a table about 880 px of a 1440 px screen."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -398,7 +426,9 @@ def render(
     if fmt == "text":
         limit = None if wide else (width or terminal_width())
         w = window_of(table)
-        drop = ["parent", f"Δ parent, first {w}", f"first {w}", "changes"]
+        # What a reader needs least goes first, then the windows' own values (the last, so
+        # that the first window leads whatever the width); the Δs to the parent stay.
+        drop = ["parent", "changes", f"last {w}", f"first {w}"]
         shown, hidden = fit(_blank_repeats(records), limit, drop=drop, shrink={"changes": 12})
         if hidden:
             notes.append(hidden_note(hidden, limit))
@@ -406,7 +436,11 @@ def render(
         return f"{wrapped(caption(table), limit)}\n\n{_aligned(shown, left=_LEFT)}\n{under}"
     if artifact:
         w = window_of(table)
-        first = ["arm", "metric", *delta_labels(w).values(), f"last {w}", f"first {w}"]
-        records = key_first(records, first, ["parent", "changes"])
+        # What each arm did to its metric first, the start before the end; the windows' own
+        # values after them (Prefect's UI shows about 880 px of a 1440 px screen).
+        first = ["arm", "metric", *delta_labels(w).values(), f"first {w}", f"last {w}"]
+        # An arm's parent and changes (up to ~90 characters) on its first row only; the
+        # rows below it say DITTO (a table cell left empty reads as "none").
+        records = key_first(_ditto_repeats(records), first, ["parent", "changes"])
     body = "\n\n".join([_markdown(records, left=_LEFT), *notes])
     return f"{body}\n\n*{_escape(caption(table))}*\n"

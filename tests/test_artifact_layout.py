@@ -36,7 +36,8 @@ from flows import plan, publish
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WIDTH, HEIGHT = 1440, 900
-MECHANISM_KEY = ["arm", "metric", "Δ parent"]
+# the fixture's runs are 5 rollout steps: windows of 5; the first window's Δ leads
+MECHANISM_KEY = ["arm", "metric", "Δ parent, first 5"]
 
 
 @dataclass
@@ -52,8 +53,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
 
 
 def markdown_rows(markdown: str) -> list[dict[str, str]]:
-    """The cells of the (first) Markdown table in `markdown`, by column."""
-    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    """The cells of the (first) Markdown table in `markdown`, by column (a summary holds the
+    comparisons' table after the ablation table's)."""
+    lines = []
+    for line in markdown.splitlines():
+        if line.startswith("| "):
+            lines.append(line)
+        elif lines and not line.startswith("|"):  # past the table (its rule starts "|:")
+            break
     head, *body = ([c.strip() for c in line.strip("| ").split(" | ")] for line in lines)
     return [dict(zip(head, row, strict=True)) for row in body]
 
@@ -81,7 +88,15 @@ def test_the_mechanism_artifact_is_the_cli_table_key_first(store: fx.FixtureStor
     cli = mechanisms.render(store_frame(store), "markdown", focus_only=True)
     artifact = publish.mechanisms_markdown(store.url, store.sweep_id)
     assert list(markdown_rows(artifact)[0])[: len(MECHANISM_KEY)] == MECHANISM_KEY
-    assert markdown_rows(artifact) == markdown_rows(cli)
+    # An arm's parent and changes once, then '"' (as above) on its other rows.
+    rows = markdown_rows(artifact)
+    for i in range(1, len(rows)):
+        for column in ("parent", "changes"):
+            if rows[i][column] == mechanisms.DITTO:
+                assert rows[i]["arm"] == rows[i - 1]["arm"]
+                rows[i][column] = rows[i - 1][column]
+    assert any(r["changes"] == mechanisms.DITTO for r in markdown_rows(artifact))
+    assert rows == markdown_rows(cli)
     assert artifact.split("\n\n", 1)[1] == cli.split("\n\n", 1)[1]  # notes and caption
 
 
@@ -150,11 +165,13 @@ def whole_on_screen(table: dict[str, Any], keys: list[str]) -> None:
     )
 
 
-def look(page: browser.Page, url: str, needles: list[str], name: str) -> list[dict[str, Any]]:
+def look(
+    page: browser.Page, url: str, needles: list[str], name: str, *, count: int = 1
+) -> list[dict[str, Any]]:
     tables = prefect_ui.artifact_tables(page, url, needles)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(ARTIFACTS / f"artifact-{name}.png")
-    assert len(tables) == 1, [t["headers"] for t in tables]
+    assert len(tables) == count, [t["headers"] for t in tables]
     return tables
 
 
@@ -176,7 +193,11 @@ def test_key_columns_fit_1440_px(published: Published) -> None:
         whole_on_screen(table, key)
 
         url = prefect_ui.latest_artifact_url(api, plan.artifact_key("ablation-summary", sweep_id))
-        (table,) = look(page, url, [*fx.ARMS, "No arm leads significantly"], "summary")
+        # the ablation table, then the comparisons' (exact p, MDE, seeds needed)
+        table, compared = look(
+            page, url, [*fx.ARMS, "No arm leads significantly"], "summary", count=2
+        )
+        assert [h["text"] for h in compared["headers"]][:5] == ["comparison", "vs", "n", "Δ", "p"]
         headers = [h["text"] for h in table["headers"]]
         assert headers[: len(key)] == key
         assert sorted(headers) == sorted(published.columns)

@@ -378,8 +378,8 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
     assert not at.exception
     signature = at.dataframe[0].value
     assert list(signature.columns) == [
-        "arm", "parent", "changes", "metric", "first 2", "last 2", "Δ parent",
-        "Δ parent, first 2",
+        "arm", "parent", "changes", "metric", "first 2", "last 2", "Δ parent, first 2",
+        "Δ parent, last 2",
     ]  # fmt: skip
     # the base changes nothing; every other arm shows the metrics its config change is about
     assert signature[["arm", "metric"]].values.tolist() == [
@@ -394,12 +394,13 @@ def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStor
         ["dapo", "◆ sampling/gen_batches"],
     ]
     # Clip-Higher: Δ clip_ratio/high (1.2, 1.3) pp -> 1.25 ± 12.7062 · 0.05 = [0.61, 1.89]
-    assert signature["Δ parent"].tolist()[2] == "+1.25 [+0.61, +1.89]"
+    assert signature["Δ parent, last 2"].tolist()[2] == "+1.25 [+0.61, +1.89]"
     # the filter takes truncated responses out of the loss: grpo's last-2 shares (0.065, 0.075)
     # on seeds 0 and 1 fall to 0, with no spread; on the first 2 steps (0.095, 0.105)
-    assert signature["Δ parent"].tolist()[1] == "-7.00 [-13.35, -0.65]"
+    assert signature["Δ parent, last 2"].tolist()[1] == "-7.00 [-13.35, -0.65]"
     assert signature["Δ parent, first 2"].tolist()[1] == "-10.0 [-16.4, -3.6]"
     assert signature["changes"].tolist()[0] == "algo.overlong_filter"
+    at.radio(key="mech-cells").set_value("last window").run()  # the first window by default
     every = at.dataframe[1].value
     assert list(every["arm"]) == fx.ARMS
     assert every.loc[every["arm"] == "grpo", "response_length/clip_ratio (%)"].item() == (

@@ -13,25 +13,13 @@ from pathlib import Path
 import dashboard_fixtures as fx
 import pytest
 import sqlalchemy as sa
+from dapo_cli import dapo
 
 from db import ablation, migrate, table_format
 from db import engine as db_engine
 from db.mechanism_table import mechanism_table
 
 ROOT = Path(__file__).resolve().parents[1]
-DAPO = ROOT / ".venv" / "bin" / "dapo"
-
-
-def dapo(
-    *args: str, url: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environ = dict(os.environ, **(env or {}))
-    environ.pop("DAPO_DEBUG", None)
-    if url is not None:
-        environ["DAPO_DB_URL"] = url
-    return subprocess.run(
-        [str(DAPO), *args], capture_output=True, text=True, env=environ, timeout=120, check=False
-    )
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -92,10 +80,13 @@ def test_table_text_markdown_and_csv(
     # one seed: a bare number, and what that means said once under the table
     assert "  +7.0  " in dapo_row and "running" in dapo_row and "interval" not in dapo_row
     assert lines[4 + len(fx.ARMS)] == table_format.SINGLE_NOTE
-    assert lines[-1].startswith("No arm leads significantly: dapo − token_loss")
+    # the headline under the rows, then the comparisons, then the protocol line last
+    assert any(line.startswith("No arm leads significantly: dapo − token_loss") for line in lines)
+    assert lines[-1].startswith("protocol: eval aime2024 (50 problems), avg@4")
 
     md = run_in_process(capsys, "table", *sweep, "--format", "markdown")
-    rows = [r for r in md.splitlines() if r.startswith("| ")]
+    table_md = md.split("\n\n")[0]  # the ablation table; the comparisons' table follows
+    rows = [r for r in table_md.splitlines() if r.startswith("| ")]
     assert rows[0].startswith("| arm | adds | n | start | final | gain | parent | Δ parent |")
     assert [r.split(" | ")[0][2:] for r in rows[1:]] == fx.ARMS
     assert "| 44.0 | — |" in rows[4]  # soft_punish: seed 1 failed
@@ -155,7 +146,8 @@ def test_table_defaults_to_the_newest_sweep(
     filled: fx.FixtureStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = run_in_process(capsys, "table", "--format", "markdown", "--url", filled.url)
-    arms = [r.split(" | ")[0][2:] for r in out.splitlines()[2:] if r.startswith("| ")]
+    table_md = out.split("\n\n")[0]  # the ablation table; the comparisons' table follows
+    arms = [r.split(" | ")[0][2:] for r in table_md.splitlines()[2:] if r.startswith("| ")]
     assert arms == fx.ARMS[:2]
 
 

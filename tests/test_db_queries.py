@@ -361,10 +361,23 @@ def test_three_seeds_paired_delta_and_a_significant_leader(store_url: str) -> No
     assert _bounds(delta) == pytest.approx((0.015159, 0.064841), abs=1e-6)
     # gain of base over its start 0.30: (0.10, 0.20, 0.30) -> 0.2 ± 0.248414
     assert _bounds(table.loc["base", "gain"]) == pytest.approx((-0.048414, 0.448414), abs=1e-6)
-    # x has the highest mean and leads the runner-up (base) significantly: it is named
+    # x has the highest mean and its interval over base excludes 0, but over three seeds the
+    # exact test's p is at least 2/8 = 0.25: no arm is named
+    assert delta.p == pytest.approx(0.25) and not delta.significant
     sweeps = ablation.list_sweeps(store.engine).set_index("sweep_id")
-    assert sweeps.loc[sweep_id, "best_arm"] == "x"
-    assert sweeps.loc[sweep_id, "best_score"] == pytest.approx(0.54)
+    assert sweeps.loc[sweep_id, "best_arm"] is None
+    # the same pattern over six seeds: x above base on every seed, p = 2/64: x is named
+    six = store.create_sweep(
+        name="s6", preset="tiny", arms=["base", "x", "y"], seeds=list(range(6)),
+        base_config={}, ladder=ladder,
+    )  # fmt: skip
+    for arm, scores in finals.items():
+        for seed, score in enumerate(scores + scores):
+            _seeded(store, six, arm, seed, {0: 0.30, 10: score})
+    sweeps = ablation.list_sweeps(store.engine).set_index("sweep_id")
+    assert sweeps.loc[six, "best_arm"] == "x"
+    assert sweeps.loc[six, "best_score"] == pytest.approx(0.54)
+    assert sweeps.loc[six, "leader"].lead.p == pytest.approx(2 / 64)
 
 
 def test_explicit_parents_and_ancestors_outside_the_sweep() -> None:
@@ -460,7 +473,9 @@ def test_config_changes_and_the_metrics_they_are_about() -> None:
         "entropy/mean",
         "clip_ratio/low",
     )
-    assert mechanisms.focus_metrics(["algo.loss_mode", "optim.lr"]) == ()  # none known
+    assert mechanisms.focus_metrics(["optim.lr", "run.seed"]) == ()  # none known
+    # a loss mode is about the tokens its variants select and the entropy they guard
+    assert mechanisms.focus_metrics(["algo.loss_mode"])[0] == "loss/cov_selected_share"
 
 
 def _mech(table: pd.DataFrame, arm: str, metric: str) -> dict[str, Any]:
@@ -578,31 +593,31 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
         "metric",
         "first 2",
         "last 2",
-        "Δ parent",
         "Δ parent, first 2",
+        "Δ parent, last 2",
     ]
     # one-seed values are bare numbers; what that means is said once, under the rows
     assert lines[-1] == mechanisms.SINGLE_NOTE
     body = [" ".join(x.split()) for x in lines[4:-1]]
     # percent with three significant digits, Δ in points; the base arm changes nothing: no row.
-    # Δ parent on the last 2 steps, then on the first 2: they part where the metric's gap to
+    # Δ parent on the first 2 steps, then on the last 2: they part where the metric's gap to
     # the parent moves with the step (the truncated share, the penalty, generation batches)
     assert body == [
         "overlong_filter grpo algo.overlong_filter ◆ response_length/clip_ratio (%) "
-        "14.5 [8.1, 20.9] 8.50 [2.15, 14.85] -5.00 [-5.00, -5.00] * -5.00 [-5.00, -5.00] *",
+        "14.5 [8.1, 20.9] 8.50 [2.15, 14.85] -5.00 [-5.00, -5.00] -5.00 [-5.00, -5.00]",
         # grpo's truncated share by seed: last 2 0.065, 0.075; first 2 0.095, 0.105 -> Δ −0.10
         # ± 12.7062 · 0.005; 0 under the filter
         "◆ loss/truncated_share (%) 0.00 [0.00, 0.00] 0.00 [0.00, 0.00] "
-        "-7.00 [-13.35, -0.65] * -10.0 [-16.4, -3.6] *",
+        "-10.0 [-16.4, -3.6] -7.00 [-13.35, -0.65]",
         "clip_higher overlong_filter algo.clip_high ◆ clip_ratio/high (%) "
-        "1.50 [0.23, 2.77] 1.50 [0.23, 2.77] +1.25 [+0.61, +1.89] * +1.25 [+0.61, +1.89] *",
-        "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] * "
-        "+0.210 [+0.083, +0.337] *",
+        "1.50 [0.23, 2.77] 1.50 [0.23, 2.77] +1.25 [+0.61, +1.89] +1.25 [+0.61, +1.89]",
+        "◆ entropy/mean 1.66 [1.53, 1.79] 1.36 [1.23, 1.49] +0.210 [+0.083, +0.337] "
+        "+0.210 [+0.083, +0.337]",
         "soft_punish clip_higher algo.overlong_penalty ◆ response_length/clip_ratio (%) "
         "10.0 4.00 -4.00 "
         "-4.00",
         # the penalty −(0.1 + 0.01·step): first 2 steps −0.105 against the parent's 0
-        "◆ reward/overlong_penalty_mean -0.105 -0.135 -0.135 -0.105",
+        "◆ reward/overlong_penalty_mean -0.105 -0.135 -0.105 -0.135",
         "token_loss soft_punish algo.loss_agg ◆ loss/long_share (%) "
         "65.5 [59.1, 71.9] 65.5 [59.1, 71.9] +15.0 +15.0",
         # the training batch is all informative under dynamic sampling (1.0) and as informative
@@ -611,25 +626,28 @@ def test_mechanism_text_markdown_and_csv(ladder: tuple[fx.FixtureStore, sa.Engin
         "100 100 +50.0 "
         "+50.0",
         # 1 + (0.5 + 0.1·step) batches: first 2 steps 1.55 against the parent's 1
-        "◆ sampling/gen_batches 1.55 1.85 +0.850 +0.550",
+        "◆ sampling/gen_batches 1.55 1.85 +0.550 +0.850",
     ]
     full = mechanisms.render(table, "text", wide=True).splitlines()
     assert len(full) == 4 + len(fx.ARMS) * len(mechanisms.DEFAULT_METRICS) + 1  # + the note
     markdown = mechanisms.render(table, "markdown", focus_only=True)
-    assert markdown.startswith("| arm | parent | changes | metric | first 2 | last 2 | Δ parent |")
-    assert "| -5.00 [-5.00, -5.00] \\* |" in markdown  # the mark escaped, not emphasis
+    assert markdown.startswith(
+        "| arm | parent | changes | metric | first 2 | last 2 | Δ parent, first 2 | Δ parent, last 2 |"
+    )
+    # two seeds: no Δ is a test the exact sign-flip test can pass (p >= 0.5), so no mark
+    assert "| -5.00 [-5.00, -5.00] |" in markdown and "] \\* |" not in markdown
     rows = list(csv.DictReader(io.StringIO(mechanisms.render(table, "csv"))))
     assert len(rows) == len(table)
     clip = next(r for r in rows if r["arm"] == "clip_higher" and r["metric"] == "clip_ratio/high")
     assert (clip["focus"], clip["delta_parent_n"], clip["delta_parent_significant"]) == (
         "1",
         "2",
-        "1",
+        "0",
     )
     assert float(clip["delta_parent_low"]) == pytest.approx(0.0061469, abs=1e-7)
     assert clip["changes"] == "algo.clip_high" and clip["window"] == "2"
     share = next(r for r in rows if r["metric"] == "loss/truncated_share" and r["parent"])
-    assert share["arm"] == "overlong_filter" and share["delta_parent_first_significant"] == "1"
+    assert share["arm"] == "overlong_filter" and share["delta_parent_first_significant"] == "0"
     assert float(share["delta_parent_first_mean"]) == pytest.approx(-0.10)
     assert float(share["delta_parent_first_low"]) == pytest.approx(-0.163531, abs=1e-6)
 

@@ -183,12 +183,14 @@ def test_dashboard_page_shows_the_companions_where_logged(
             "◆ entropy/mean",
             *(["◆ entropy/decision"] if has_decision else []),
         ]
+        at.radio(key="mech-cells").set_value("last window").run()  # first window by default
         every = at.dataframe[1].value
         columns = list(every.columns)
         i = columns.index("clip_ratio/high (%)")
         assert columns[i + 1] == "clip_ratio/high_eligible (%)"
         assert ("entropy/decision" in columns) is has_decision
-        # ch's eligible share over its last 2 steps: (3.25, 3.95)% -> 3.60 ± 12.7062 · 0.35, in the mean's 2 places
+        # ch's eligible share over its last 2 steps: (3.25, 3.95)% -> 3.60 ± 12.7062 · 0.35 =
+        # [-0.85, 8.05], cut at 0 where a share ends; in the mean's 2 places
         assert every.loc[every["arm"] == "ch", "clip_ratio/high_eligible (%)"].item() == (
-            "3.60 [-0.85, 8.05]"
+            "3.60 [0.00, 8.05]"
         )

@@ -121,7 +121,7 @@ def device_kind(model: Any) -> str:
 def _cpu_kind() -> str:
     import platform
 
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             for line in info:
