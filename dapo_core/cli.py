@@ -201,7 +201,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     # The one-time phase (the tiny model's warm start, the real model's conversion) before the
     # run and its clock start: never part of the run's time.
-    prepare_policy(cfg.model, say=(lambda _: None) if args.quiet else _say)
+    prepare_policy(
+        cfg.model,
+        say=(lambda _: None) if args.quiet else _say,
+        threads=cfg.run.num_threads or None,  # what the run's own torch set-up would use
+    )
     print(
         f"training arm {cfg.arm} on preset {cfg.preset} ({cfg.run.steps} steps{on}) -> {out}",
         flush=True,

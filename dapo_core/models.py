@@ -28,7 +28,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -202,27 +202,50 @@ def _task(model_cfg: ModelConfig) -> _DemoTask:
     return TINY_TASKS[model_cfg.name_or_path]
 
 
-def prepare_policy(model_cfg: ModelConfig, say: Say | None = None) -> bool:
+def prepare_policy(
+    model_cfg: ModelConfig, say: Say | None = None, *, threads: int | None = None
+) -> bool:
     """Make the model's files on this machine once, before a run starts: the tiny model built
     and warm-started (tiny_model_dir), the pinned real model converted
     (dapo_core.real_model.ensure_converted); a hub or local model needs nothing. Progress
     lines go to `say` (default: the log). Returns whether anything was made (False: it was
     there). Callers run it before they start their clocks, so that an arm's time never counts
-    this one-time phase."""
+    this one-time phase.
+
+    `threads`: torch's threads while it builds (then restored), the count the run's own
+    process would have built it with (an arm's granted CPUs, run.num_threads): more threads
+    than the cores this user gets make each step wait for the slowest one (warm-start steps on
+    a 2-core machine at a load of 15, 2026-11-28: 4.2-5.5 s on 2 threads, 0.7-1.8 s on 1)."""
     from dapo_core import real_model
 
     name = model_cfg.name_or_path
     if name in TINY_TASKS:
         if is_tiny_cached(model_cfg):
             return False
-        tiny_model_dir(model_cfg, say=say)
+        with torch_threads(threads):
+            tiny_model_dir(model_cfg, say=say)
         return True
     if name == real_model.NAME:
         if real_model.is_converted():
             return False
-        real_model.ensure_converted(say=say)
+        with torch_threads(threads):
+            real_model.ensure_converted(say=say)
         return True
     return False
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside (None: left as they are)."""
+    if not threads:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def is_tiny_cached(model_cfg: ModelConfig) -> bool:

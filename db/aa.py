@@ -160,8 +160,19 @@ def _points(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
-def render(check: AACheck) -> str:
-    """The A/A check in words, scores and differences in % and percentage points."""
+MIN_SPLITS_FOR_FLOOR = math.ceil(1 / (1 - FLOOR_QUANTILE))
+"""Below 20 splits the 95th percentile by nearest rank is the largest difference itself: 4
+seeds split 3 ways, 6 seeds 10, 8 seeds 35."""
+
+
+def render(check: AACheck, width: int | None = None) -> str:
+    """The A/A check in words, scores and differences in % and percentage points, each line
+    wrapped to `width` columns (default: dapo_common.text.terminal_width(), which reads
+    $COLUMNS), its continuation indented under it."""
+    import textwrap
+
+    from dapo_common.text import terminal_width
+
     d = check.delta
 
     def seeds(half: tuple[int, ...]) -> str:
@@ -186,9 +197,25 @@ def render(check: AACheck) -> str:
     lines += [
         f"  Δ A − B: {_points(d.mean)} points {interval} ({int(100 * d.level)}% t-interval over "
         f"{d.n} pairs, the table's test): {verdict}",
-        f"  noise floor: over {'a sample of' if check.sampled else 'all'} {check.splits:,} ways "
-        f"to halve these seeds the halves' means differ by up to {100 * check.floor:.1f} points "
-        f"in 95% of them (largest {100 * check.largest:.1f})",
-        "  a Δ in the ablation table inside the floor is not evidence on this task and budget",
     ]
-    return "\n".join(lines) + "\n"
+    over = f"over {'a sample of' if check.sampled else 'all'} {check.splits:,} ways to halve these seeds"
+    if check.splits >= MIN_SPLITS_FOR_FLOOR:
+        lines.append(
+            f"  noise floor: {over} the halves' means differ by up to "
+            f"{100 * check.floor:.1f} points in 95% of them (largest {100 * check.largest:.1f})"
+        )
+    else:  # a 95th percentile of 3 or 10 splits is their largest: say that, not "95%"
+        lines.append(
+            f"  noise floor: {over} the halves' means differ by up to "
+            f"{100 * check.largest:.1f} points; {check.splits} ways are too few for a 95% "
+            f"floor (it takes {MIN_SPLITS_FOR_FLOOR}: 8 seeds split 35 ways)"
+        )
+    lines.append(
+        "  a Δ in the ablation table inside the floor is not evidence on this task and budget"
+    )
+    limit = width or terminal_width()
+    out = [
+        textwrap.fill(line, limit, subsequent_indent="    ", break_on_hyphens=False)
+        for line in lines
+    ]
+    return "\n".join(out) + "\n"

@@ -98,16 +98,26 @@ def cmd_tag(args: argparse.Namespace) -> int:
         raise ValueError("--remove needs the tags to remove")
     tags = args.tags if args.remove else annotations.clean_tags(args.tags)  # checked first
     engine, url = _engine(args)
+    absent: list[str] = []
     with _explained(url):
         target = _target(engine, args)
         if not tags:
             now = annotations.read(engine, target)
         elif args.remove:
+            had = annotations.read(engine, target).tags
+            absent = [t for t in dict.fromkeys(str(t).strip() for t in tags) if t not in had]
+            if len(absent) == len(set(tags)):  # nothing to take off: a typo, say so
+                names = ", ".join(repr(t) for t in absent)
+                raise ValueError(
+                    f"{target} has no tag {names} (its tags: "
+                    f"{annotations.tags_text(had) or 'none'}); nothing removed"
+                )
             now = annotations.remove_tags(engine, target, tags)
         else:
             now = annotations.add_tags(engine, target, tags)
     shown = annotations.tags_text(now.tags) or "no tags"
-    print(f"{target}: {shown}")
+    missing = f" (it had no tag {', '.join(repr(t) for t in absent)})" if absent else ""
+    print(f"{target}: {shown}{missing}")
     return 0
 
 

@@ -305,7 +305,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     # The one-time phase (the tiny model's warm start, the real model's conversion), here and
     # once, before the arms start: never part of an arm's time or of the orchestration line.
-    warm.prepare_models([job.config for job in jobs], params.ray_address, _say(args.quiet))
+    warm.prepare_models(
+        [job.config for job in jobs],
+        params.ray_address,
+        _say(args.quiet),
+        threads=arm_threads(params.resources),
+    )
     # The wall time the orchestration line accounts for starts here, Prefect's start included.
     t0 = time.perf_counter()
     start_services(
@@ -390,7 +395,8 @@ def cmd_arm(args: argparse.Namespace) -> int:
     preflight(address, resources, [config])
     from flows import warm
 
-    warm.prepare_models([config], address, _say(args.quiet))  # as cmd_sweep, before the arm
+    # As cmd_sweep: before the arm, with the threads its actor gets.
+    warm.prepare_models([config], address, _say(args.quiet), threads=arm_threads(resources))
     start_services(
         p.ray_address or sweep_params.ray_address,
         p.resources or sweep_params.resources,
@@ -720,6 +726,11 @@ def _state_line(state: Any) -> str:
     from flows.plan import state_line
 
     return state_line(getattr(state, "message", None)) or str(state.name)
+
+
+def arm_threads(resources: Any) -> int:
+    """The torch threads an arm's actor gets: its CPUs, at least 1 (ray_worker._set_threads)."""
+    return max(1, int(min(float(resources.cpus), float(os.cpu_count() or 1))))
 
 
 def _say(quiet: bool) -> Any:

@@ -43,7 +43,8 @@ def publish_sweep(url: str, sweep_id: int, *, note: str | None = None) -> list[d
     from db.table_format import ablation_records, artifact_records, caption
 
     table, sweep = ablation(url, sweep_id)
-    rows = artifact_records(ablation_records(table)) if not table.empty else []
+    # One seed: bare numbers; the description says once that n=1 has no interval (caption).
+    rows = artifact_records(ablation_records(table, bare_single=True)) if not table.empty else []
     create_table_artifact(
         table=rows,
         key=plan.artifact_key("ablation-table", sweep_id),

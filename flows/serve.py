@@ -220,6 +220,7 @@ def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
     from prefect import serve as prefect_serve
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from db.engine import resolve_url, safe_url
     from flows import ray_worker
     from flows.cluster import runs_dir_warning
     from flows.plan import runs_dir
@@ -229,6 +230,7 @@ def _serve(api_url: str, ray_address: str | None, limit: int | None) -> int:
     print(
         f"\nPrefect UI: {ui}\n"
         f"{ray_line}\n"
+        f"Store (a form's empty store_url): {safe_url(resolve_url(None))}\n"
         f"Run directories (checkpoints): {runs_dir()}\n"
         "Serving: ablation-sweep/dapo-sweep, ablation-arm/dapo-arm, evaluate-run/dapo-eval\n\n"
         "Trigger a sweep:\n"

@@ -99,10 +99,14 @@ def cmd_sweep_rm(args: argparse.Namespace) -> int:
         store_id=store.store_id,
         sweep_id=args.sweep_id,
     )
+    folder = sweep_folder(runs_dir().resolve(), store.store_id, args.sweep_id)
+    boards = tensorboard_folders(folder, [d.path for d in dirs if d.remove])
     verb = "deleting" if args.yes else "would delete"
     print(f"{verb} from {db_engine.safe_url(url)}: {footprint.summary()}")
     for d in dirs:
         print(f"  {d.path}" + ("" if d.remove else f"  ({d.why})"))
+    for board in boards:
+        print(f"  {board}  (TensorBoard)")
     if not args.yes:
         print("nothing deleted: run again with --yes to delete it")
         return 0
@@ -116,7 +120,48 @@ def cmd_sweep_rm(args: argparse.Namespace) -> int:
             removed += 1
         except OSError as error:  # the rows are gone; say what is left on disk
             failed.append(f"{d.path} ({error.strerror or error})")
+    for board in boards:
+        shutil.rmtree(board, ignore_errors=True)
+    from dapo_core.train.trackers import TENSORBOARD_DIR
+
+    remove_if_empty(folder / TENSORBOARD_DIR, folder, folder.parent)
     print(f"deleted sweep {args.sweep_id} and {removed} run directories")
     if failed:
         raise PermissionError(f"could not remove {len(failed)} run directories: {failed[0]}")
     return 0
+
+
+def sweep_folder(root: Path, store_id: str, sweep_id: int) -> Path:
+    """The folder a sweep's run directories are made in (flows.plan.fresh_run_dir's parent)."""
+    from flows.plan import fresh_run_dir
+
+    return fresh_run_dir(root, store_id, sweep_id, "arm", 0, "hash", 0).parent
+
+
+def tensorboard_folders(folder: Path, removed: list[str]) -> list[Path]:
+    """The sweep's TensorBoard folders (dapo_core.train.trackers.tensorboard_dirs) of the run
+    directories in `removed`, by the run directory each names; a folder that names another
+    directory, or none, is kept."""
+    from dapo_core.train.trackers import TENSORBOARD_DIR, TENSORBOARD_OWNER
+
+    gone = {str(Path(p).resolve()) for p in removed}
+    found = []
+    board = folder / TENSORBOARD_DIR
+    for child in sorted(board.iterdir()) if board.is_dir() else []:
+        try:
+            owner = (child / TENSORBOARD_OWNER).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if owner in gone:
+            found.append(child)
+    return found
+
+
+def remove_if_empty(*folders: Path) -> None:
+    """rmdir each folder in turn while it is empty (a sweep's folder, then its store's: other
+    sweeps' run directories keep theirs)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or not there
+            continue

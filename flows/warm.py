@@ -44,10 +44,13 @@ def prepare_models(
     configs: Iterable[Mapping[str, Any]],
     address: str | None,
     say: Callable[[str], None] | None,
+    *,
+    threads: int | None = None,
 ) -> int:
     """Make every model `configs` (experiment configs as dicts) need on this machine, once each,
     when the arms will run here (on_this_machine). Returns how many were made (0: all there).
-    `say`: the progress lines (None: silent)."""
+    `say`: the progress lines (None: silent). `threads`: torch's threads for it, an arm's CPUs
+    (what its actor would have built it with; see dapo_core.models.prepare_policy)."""
     if not on_this_machine(address):
         return 0
     from dapo_core.models import prepare_policy
@@ -61,5 +64,7 @@ def prepare_models(
         if key in seen:
             continue
         seen.add(key)
-        made += prepare_policy(ExperimentConfig.from_dict(dict(config)).model, say=say or quiet)
+        made += prepare_policy(
+            ExperimentConfig.from_dict(dict(config)).model, say=say or quiet, threads=threads
+        )
     return made
