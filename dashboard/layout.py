@@ -90,19 +90,25 @@ def sweep_columns() -> dict[str, Any]:
 
 
 # --- the mechanism signature ----------------------------------------------------------------
-SIGNATURE_KEY = ["arm", "metric", "Δ parent"]
-_SIGNATURE_WIDTHS = {"arm": 125, "metric": 240, "Δ parent": 175}
+SIGNATURE_KEY = ["arm", "metric", "Δ parent, first", "Δ parent, last"]  # column prefixes
+_SIGNATURE_WIDTHS = {"arm": 125, "metric": 240}
 
 
 def signature_order(columns: Sequence[str]) -> list[str]:
-    """arm, metric, the Δs (last window, then first), the windows' values, then the rest
-    (parent, changes): what moved comes before what it is measured from."""
+    """arm, metric, the Δs (first window, then last, as in every table of them), the windows'
+    values (first, then last), then the rest (parent, changes): what moved comes before what
+    it is measured from."""
     present = list(columns)
-    deltas = [c for c in present if c.startswith("Δ parent")]
-    lasts = [c for c in present if c.startswith("last ")]
+    deltas = sorted((c for c in present if c.startswith("Δ parent")), key=lambda c: ", last" in c)
     firsts = [c for c in present if c.startswith("first ")]
-    head = ["arm", "metric", *deltas, *lasts, *firsts]
+    lasts = [c for c in present if c.startswith("last ")]
+    head = ["arm", "metric", *deltas, *firsts, *lasts]
     return [c for c in head if c in present] + [c for c in present if c not in head]
+
+
+def signature_key(columns: Sequence[str]) -> list[str]:
+    """The signature's key columns by their names in this table (the windows' lengths vary)."""
+    return [next((c for c in columns if c.startswith(k)), k) for k in SIGNATURE_KEY]
 
 
 def signature_columns(columns: Sequence[str]) -> dict[str, Any]:

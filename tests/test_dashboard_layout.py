@@ -99,7 +99,7 @@ def test_key_columns_fit_1440_px(served: tuple[str, fx.FixtureStore], tmp_path: 
             ["Each arm's signature", "+1.25 [+0.61, +1.89]"],
             tmp_path / "layout-mechanisms.png",
         )
-        key_columns_whole(tables[0], layout.SIGNATURE_KEY)
+        key_columns_whole(tables[0], layout.signature_key(tables[0]["headers"]))
 
 
 def test_sweep_list_shows_tags_and_leaves_the_hidden_sweep_out(

@@ -8,9 +8,13 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dapo_common import metric_display
+from dashboard import grids as grids_view
 from dashboard import layout, notes, shaping, widgets
+from dashboard import progress as progress_view
 from db import ablation, decisions, decisions_format, efficiency, grids, reads, report, table_format
 from db import annotations as ann
+from db import live as in_flight
 
 st.title("Ablation ladder")
 
@@ -32,10 +36,15 @@ def ablation_body() -> None:
         st.info(f"Sweep {sweep_id} has no arms.")
         return
     progress = ablation.list_sweeps(engine, sweep_id).iloc[0]  # this sweep's only
+    # Progress in steps (db.live): a running run's stored steps count, not only finished runs.
+    steps = in_flight.run_progress(engine, in_flight.running_runs(engine, [sweep_id]))
+    done, total = int(progress["runs_done"]), int(progress["arms_total"])
+    fraction = in_flight.sweep_fraction(done, total, steps, sweep_id)
     st.caption(
         f"Preset **{sweep['preset']}** · {shaping.status_badge(progress['status'])} · "
-        f"{int(progress['runs_done'])}/{int(progress['arms_total'])} runs done · "
-        f"{table_format.caption(table)}"
+        f"{done}/{total} runs done"
+        + (f" ({100 * fraction:.0f}% of the steps)" if len(steps) and fraction == fraction else "")
+        + f" · {table_format.caption(table)}"
     )
 
     lead = progress["leader"]  # the same table's leader, computed with the progress
@@ -68,6 +77,9 @@ def ablation_body() -> None:
         column_order=layout.ablation_order(list(styled.data.columns)),
         column_config=layout.ablation_columns(shaping.number_columns(styled.data)),
     )
+    if len(steps):
+        st.caption("Running now: each run's last stored step and its ETA")
+        progress_view.show_running(steps, key="ablation-running")
     extra = report.extras(engine, sweep_id, table)
     st.caption(extra["protocol"])
     comparisons_view(table, extra)
@@ -101,13 +113,22 @@ def ablation_body() -> None:
     if not points.empty:
         order = shaping.ladder_order(table)
         summary = shaping.score_summary(table)
-        x = alt.X("arm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
-        y = alt.Y("mean (%):Q", title="score (%)")
+        # A grid's points by what varies ('clip_high=0.24'), not by names cut to one prefix.
+        labels = grids_view.arm_labels(sweep.get("ladder"))
+        if labels:
+            points = points.assign(arm=points["arm"].map(lambda a: labels.get(a, a)))
+            summary = summary.assign(arm=summary["arm"].map(lambda a: labels.get(a, a)))
+            order = [labels.get(a, a) for a in order]
+        x = alt.X("arm:N", sort=order, title=None, axis=alt.Axis(labelAngle=0, labelLimit=240))
+        score = metric_display.held_out(
+            int(table["eval_k"].dropna().iloc[0]) if table["eval_k"].notna().any() else None
+        )
+        y = alt.Y("mean (%):Q", title=score, scale=alt.Scale(domain=[0, 100]))
         bars = alt.Chart(summary).mark_bar(opacity=0.45, color="#4c78a8").encode(x=x, y=y)
         interval = (
             alt.Chart(summary.dropna(subset=["low", "high"]))
             .mark_errorbar(ticks={"size": 14}, thickness=2, color="#1f3b57")
-            .encode(x=x, y=alt.Y("low:Q", title="score (%)"), y2="high:Q", tooltip=["arm", "final"])
+            .encode(x=x, y=alt.Y("low:Q", title=score), y2="high:Q", tooltip=["arm", "final"])
         )
         start = (
             alt.Chart(summary.dropna(subset=["start (%)"]))
@@ -205,13 +226,21 @@ def efficiency_view(table: pd.DataFrame) -> None:
 ablation_body()
 
 runs = reads.runs_of_sweep(engine, sweep_id)
+arm_rank = {str(a): i for i, a in enumerate(sweep["arms"])}.get  # the ladder's order
 with st.expander("Runs of this sweep"):
     if runs.empty:
         st.caption("No runs yet.")
     else:
-        listed = notes.with_run_annotations(runs, engine, sweep_id).assign(
-            page="run?run=" + runs["run_id"].astype(str),
-            status=runs["status"].map(shaping.status_badge),
+        listed = (
+            notes.with_run_annotations(runs, engine, sweep_id)
+            .assign(
+                page="run?run=" + runs["run_id"].astype(str),
+                status=runs["status"].map(shaping.status_badge),
+                error=runs["error"].fillna(""),
+            )
+            .sort_values(
+                ["arm", "seed", "attempt"], key=lambda c: c.map(arm_rank) if c.name == "arm" else c
+            )
         )
         columns = ["page", "arm", "seed", "attempt", "status", "tags", "note", "steps", "wall_s"]
         st.dataframe(

@@ -80,8 +80,8 @@ def sweeps_body() -> None:
             else ""
         )
         + ". The best arm is named only when the arm with the highest mean final score leads the "
-        "runner-up significantly: the 95% t-interval of their difference, paired by seed, lies "
-        "above 0."
+        "runner-up significantly: the exact paired sign-flip test of their difference over "
+        "seeds gives p < 0.05 (which takes at least 6 seeds)."
     )
     if not steps.empty:
         st.markdown("**Running now**")
