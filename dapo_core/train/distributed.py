@@ -18,9 +18,14 @@ Every rank runs `train_worker`: the run's order is dapo_core.train.assembly's, a
     Trainer.step()      the same Algorithm 1: each rank generates whole groups for its share of
                         the prompts, the groups are gathered so every rank holds the global batch
                         and takes the same dynamic-sampling decisions; each mini-batch is split
-                        by sequences with global normalisers (update.py)
+                        by sequences with global normalisers (update.py). rollout.mode=async:
+                        each rank's rollout worker (a thread, its engine on the rollout copy)
+                        makes its share of every batch ahead, under the same gate on every rank;
+                        the shares are gathered, and the staleness filter applied, when the
+                        trainer takes the batch (every rank the same batches, in order)
     push_weights        after each update, every parameter is gathered in the compute dtype, one
-                        at a time, as the engine's load_weights reads it (GatheredWeights)
+                        at a time, as the engine's load_weights reads it (GatheredWeights);
+                        async: gathered into a snapshot the worker loads between its batches
     checkpoints         sharded (checkpoint.save_sharded_checkpoint), resharded on resume
 
 Only rank 0 writes metrics (through the sink its factory makes); the other metrics are already
@@ -457,6 +462,11 @@ class Ranks:
         def sync() -> None:
             push_weights(model, engine, dtype=dtype, device=device)
 
+        def snapshot() -> dict[str, torch.Tensor]:
+            # Async: the worker's weights, gathered whole in the compute dtype (a collective);
+            # each gathered tensor is new, so the shards may move on in the next update.
+            return dict(GatheredWeights(model, dtype=dtype, device=device))
+
         trainer = Trainer(
             cfg,
             root,
@@ -466,11 +476,14 @@ class Ranks:
             dist=coll,
             autocast=False,  # FSDP2's MixedPrecisionPolicy casts
             sync_weights=sync,
+            snapshot_weights=snapshot,
             device=device,
         )
+        run.cleanup.callback(trainer.close)  # the rollout worker stops before its engine closes
         if cfg.rollout.engine == "vllm" and ckpt is None:
             sync()  # the engine started on dummy weights; a resume syncs in load_state_dict
-        return Parts(model, tokenizer, engine, trainer)
+        # Evaluations sample through the trainer's engine: async, the worker's, seeded.
+        return Parts(model, tokenizer, trainer.engine, trainer)
 
     def restore(self, parts: Parts, ckpt: Path, state: dict[str, Any]) -> None:
         from dapo_core.train.checkpoint import (
@@ -552,7 +565,9 @@ def _make_rank_engine(
         return make_engine(
             "vllm", model, tokenizer, cfg, seed=seed, init_dir=init_dir, sync_first=False
         )
-    return make_engine("hf", rollout_copy(model, dtype, device), tokenizer, cfg, seed=seed)
+    # Async: the engine samples on the worker's thread, with a tokenizer of its own.
+    own = copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer
+    return make_engine("hf", rollout_copy(model, dtype, device), own, cfg, seed=seed)
 
 
 def _on_rank0(coll: Collective, fn: Callable[[], Any]) -> Any:
