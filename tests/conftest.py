@@ -38,6 +38,7 @@ if _WORKER:
 import tempfile  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
@@ -130,6 +131,41 @@ def backend(store_url: str) -> str:
     return "sqlite" if store_url.startswith("sqlite") else "postgresql"
 
 
+# --- the end-to-end flow runs: `make test-e2e` ----------------------------------------------------
+# Sweeps through served deployments, pool workers and `dapo sweep` / `dapo arm`, killed actors and
+# workers, cancellations, store outages: what only a whole run shows, each run once, and minutes
+# of CPU together. `make test` leaves them out (one `dapo sweep` stays in it, in
+# tests/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "e2e: an end-to-end flow run (Prefect deployments and workers, Ray actors, dapo sweep / "
+        "arm training): make test-e2e, which .ci/run runs after make test",
+    )
+
+
+# --- one warm Ray per test process for the flow tests ------------------------------------------
+# A `dapo sweep`, `dapo serve` or `dapo worker` without RAY_ADDRESS starts a local Ray of its own
+# (GCS, raylet, agents and prestarted workers: seconds of CPU each time, and one more start that
+# a loaded machine can time out). The flow tests' commands join this one instead, as they would
+# a cluster (dapo_cli.store_env(tmp, ray=warm_ray)); the tests of a local Ray start their own.
+
+
+@pytest.fixture(scope="session")
+def warm_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A one-node Ray of 2 CPUs (as this 2-core machine's local Ray has), started when a test
+    first asks for it and stopped, every process of it, at the end of the session
+    (tests/ray_cluster.py). Each test keeps its own store and runs directory; the actors of a
+    test's commands end with those commands."""
+    from ray_cluster import ray_cluster
+
+    root = tmp_path_factory.mktemp("warm-ray")
+    with ray_cluster(root, nodes=1, cpus_per_node=2, fast_health_checks=False) as head:
+        yield head
+
+
 # --- one Prefect server per test process for the `dapo` commands the tests run ----------------
 # A `dapo sweep` without $PREFECT_API_URL starts a temporary server of its own: 3-10 s of wall
 # time and ~7 s of CPU before its first step, paid by each of the suite's dozens of sweeps. The
@@ -140,10 +176,10 @@ def backend(store_url: str) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_prefect_server() -> Iterator[str | None]:
-    """$PREFECT_API_URL for the whole session: a server started here, with its database beside
-    the per-worker $PREFECT_HOME (warm after a machine's first run), one per Prefect version
-    (the side environments' suites run other versions, whose migrations an older server cannot
-    read). None in an environment without Prefect. A URL the caller's shell sets is put back
+    """$PREFECT_API_URL for the whole session: a server started here (with its UI) on a database
+    of its own, copied from a migrated one kept beside the per-worker $PREFECT_HOME (made by a
+    machine's first run), one per Prefect version (the side environments' suites run other
+    versions, whose migrations an older server cannot read). None in an environment without Prefect. A URL the caller's shell sets is put back
     at the end, and never handed to a test's command: the tests' flow runs stay out of a
     server of one's own."""
     import importlib.util
@@ -159,7 +195,10 @@ def shared_prefect_server() -> Iterator[str | None]:
     import prefect_server
 
     home = Path(os.environ.get("PREFECT_HOME") or ROOT / ".cache" / "test-prefect-home")
-    with prefect_server.running(home / f"shared-server-{prefect.__version__}") as api_url:
+    # With the UI (tests/prefect_ui.py drives it): the flow modules share this server too, on
+    # a database of this session's own (two sessions on one would run each other's flow runs).
+    template = home / f"server-template-{prefect.__version__}"
+    with prefect_server.running_fresh(template, ui=True) as api_url:
         os.environ["PREFECT_API_URL"] = api_url
         try:
             yield api_url

@@ -15,7 +15,9 @@ Ray's unix socket paths) and its own ports, and
 the cluster its own auth token (RAY_AUTH_TOKEN, passed to the drivers through `env`), so it is
 independent of other clusters on the machine and of ~/.ray. GCS health checks run every 0.5 s
 and give up after 3 misses: a lost node is declared dead in about 2 s instead of Ray's ~30 s,
-which keeps the node-loss test short (the behaviour is the same, only sooner).
+which keeps the node-loss test short (the behaviour is the same, only sooner). The suite's warm
+Ray (conftest.warm_ray, one node) keeps Ray's own checks: on a loaded machine a raylet starved
+of CPU for 2 s would be declared dead with everything on it.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class RayCluster:
     # The head's dashboard, which serves Ray's job server (tests/test_ray_jobs.py): its port,
     # on 127.0.0.1 only; None leaves the dashboard off, as the other tests want it.
     job_server_port: int | None = None
+    fast_health_checks: bool = True
 
     @property
     def job_server(self) -> str:
@@ -138,6 +141,16 @@ class RayCluster:
         for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
             env.pop(name, None)
         return env
+
+    def client_env(self) -> dict[str, str]:
+        """What a driver's environment needs to join this cluster: RAY_ADDRESS and the token
+        (added to an environment of one's own, e.g. dapo_cli.store_env(..., ray=cluster))."""
+        return {
+            "RAY_ADDRESS": self.address,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
 
     def start(self, nodes: int = 2) -> None:
         for _ in range(nodes):
@@ -182,9 +195,9 @@ class RayCluster:
                 str(self.job_server_port or free_port()),
                 "--ray-client-server-port",
                 str(free_port()),
-                "--system-config",
-                json.dumps(FAST_HEALTH_CHECKS),
             ]
+            if self.fast_health_checks:
+                args += ["--system-config", json.dumps(FAST_HEALTH_CHECKS)]
         else:
             args += ["--address", self.address]
         log = self.root / f"node{index}.log"
@@ -319,12 +332,20 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
 
 @contextlib.contextmanager
 def ray_cluster(
-    root: Path, *, nodes: int = 2, cpus_per_node: int = 2, job_server: bool = False
+    root: Path,
+    *,
+    nodes: int = 2,
+    cpus_per_node: int = 2,
+    job_server: bool = False,
+    fast_health_checks: bool = True,
 ) -> Iterator[RayCluster]:
     """A started cluster, stopped at the end whatever happens (a failed start included);
     `job_server`: the head serves Ray's job server on a free port of 127.0.0.1."""
     cluster = RayCluster(
-        root, cpus_per_node=cpus_per_node, job_server_port=free_port() if job_server else None
+        root,
+        cpus_per_node=cpus_per_node,
+        job_server_port=free_port() if job_server else None,
+        fast_health_checks=fast_health_checks,
     )
     try:
         cluster.start(nodes)

@@ -4,12 +4,12 @@ hide|unhide` run as a user runs them (the console script in a subprocess)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from dapo_cli import dapo
 from store_runs import new_attempt
 
 from db import annotations as ann
@@ -20,7 +20,6 @@ from db.models import ANNOTATIONS
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-DAPO = ROOT / ".venv" / "bin" / "dapo"
 LADDER = [{"arm": "grpo", "adds": "baseline"}, {"arm": "clip_higher", "adds": "clip"}]
 
 
@@ -162,20 +161,6 @@ def test_a_run_cannot_be_hidden(store_url: str) -> None:
 
 
 # --- the commands ------------------------------------------------------------------------------
-
-
-def dapo(*args: str, url: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    environ = dict(os.environ, DAPO_DB_URL=url)
-    environ.pop("DAPO_DEBUG", None)
-    return subprocess.run(
-        [str(DAPO), *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        input=stdin,
-        timeout=120,
-        check=False,
-    )
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

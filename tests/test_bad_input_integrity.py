@@ -9,13 +9,12 @@ console script.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from dapo_cli import dapo
 from tokenizers import Tokenizer, models
 
 from dapo_core.train import safe_dcp
@@ -31,15 +30,7 @@ from dapo_core.train.run_dir import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-DAPO = str(ROOT / ".venv" / "bin" / "dapo")
 OWNER = {"store": "s", "sweep": 1, "arm": "grpo", "seed": 0, "config_hash": "h"}
-
-
-def _dapo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DAPO_RUNS_DIR": str(cwd / "runs")}
-    return subprocess.run(
-        [DAPO, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 # --- dapo train --model DIR with a bad config.json -------------------------------------------
@@ -65,7 +56,11 @@ def test_a_model_directory_with_a_bad_config_is_one_line_before_anything_is_writ
     vocab = {"a": 0, "b": 1, "[UNK]": 2}
     Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(model / "tokenizer.json"))
     out = tmp_path / "out"
-    result = _dapo("train", "--model", str(model), "--steps", "1", "--out", str(out), cwd=tmp_path)
+    result = dapo(
+        *("train", "--model", str(model), "--steps", "1", "--out", str(out)),
+        cwd=tmp_path,
+        DAPO_RUNS_DIR=str(tmp_path / "runs"),
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and str(model / "config.json") in lines[0], lines

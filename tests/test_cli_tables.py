@@ -5,34 +5,18 @@ the dashboard's fixture store, whose numbers tests/dashboard_fixtures.py fixes."
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import dashboard_fixtures as fx
 import pytest
+from dapo_cli import dapo
 
 from dapo_common import text
 from db import stats, table_format
 
 ROOT = Path(__file__).resolve().parents[1]
-DAPO = ROOT / ".venv" / "bin" / "dapo"
-
-
-def dapo(
-    *args: str, columns: int | None = None, url: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("DAPO_DEBUG", None)
-    env.pop("COLUMNS", None)
-    if columns is not None:
-        env["COLUMNS"] = str(columns)
-    if url is not None:
-        env["DAPO_DB_URL"] = url
-    return subprocess.run(
-        [str(DAPO), *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

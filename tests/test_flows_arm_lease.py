@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dapo_cli import DAPO, ROOT, SMALL_OVERRIDES, stored_sweep
+from dapo_cli import ROOT, SMALL_OVERRIDES, dapo, stored_sweep
 
 from db.store import Store
 
@@ -147,14 +147,7 @@ def test_two_drivers_of_one_arm_at_once_one_trains_and_the_other_names_it(
     _until(lambda: drivers.trainers() == [winner.pid], "the winner to train", [winner])
 
     # The real command, while the winner trains: one line, exit 2, nothing written.
-    cli = subprocess.run(
-        [DAPO, "arm", "--sweep", str(drivers.sweep_id), "--arm", "grpo", "--quiet"],
-        env=drivers.env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cli = dapo("arm", "--sweep", str(drivers.sweep_id), "--arm", "grpo", "--quiet", env=drivers.env)
     assert cli.returncode == 2, cli.stdout + cli.stderr
     (line,) = cli.stderr.strip().splitlines()
     assert (

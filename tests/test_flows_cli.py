@@ -1,10 +1,11 @@
-"""`dapo sweep` and `dapo arm` from a terminal: a Prefect server (the session's; the temporary
-one a command starts without $PREFECT_API_URL where that is what a test is about), a Ray node
-(the module's, joined through RAY_ADDRESS), the real store.
+"""`dapo sweep` and `dapo arm` from a terminal: the session's Prefect server (the temporary one
+a command starts without $PREFECT_API_URL where that is what a test is about), the session's
+warm Ray (conftest.warm_ray, joined through RAY_ADDRESS), the real store.
 
-The commands run as subprocesses, exactly as a user types them. Prefect's local database lives
-in $PREFECT_HOME when the run sets one (.ci/run gives it a fresh, empty one, as a new machine
-has), else in .cache/ so that only the first run on a machine pays its set-up.
+The commands run as subprocesses, exactly as a user types them (dapo_cli.dapo), each test with a
+store and runs directory of its own. One grid sweep is run once for the module and asserted on by
+several tests: its output and stored points, the same sweep run again, a point rerun from its
+stored config, a forced arm, and a second store sharing its runs directory.
 """
 
 from __future__ import annotations
@@ -16,46 +17,39 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dapo_cli import (
     DAPO,
+    FLOW_TEST_TIMEOUT_S,
     LADDER_FILE,
     ROOT,
     SMALL,
     SMALL_OVERRIDES,
+    alive,
     dapo,
     store_env,
     stored_sweep,
 )
-from ray_cluster import RayCluster, ray_cluster
+from prefect_server import wait_for
+from ray_cluster import RayCluster
 from store_runs import killed, new_attempt
 
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    """One Ray node for the module's commands to join (RAY_ADDRESS), as they would a cluster
-    of one machine, instead of a local Ray started and stopped by each (~5 s and a few CPU
-    seconds a command); 2 CPUs, as the local Ray of this 2-core machine has."""
-    with ray_cluster(tmp_path_factory.mktemp("ray-head"), nodes=1, cpus_per_node=2) as head:
-        yield head
+pytestmark = pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)
 
 
 @pytest.fixture
-def env(tmp_path: Path, ray_head: RayCluster) -> dict[str, str]:
-    return store_env(tmp_path, ray_head.env, RAY_ADDRESS=ray_head.address)
+def env(tmp_path: Path, warm_ray: RayCluster) -> dict[str, str]:
+    return store_env(tmp_path, ray=warm_ray)
 
 
 @pytest.fixture
 def own_env(tmp_path: Path) -> dict[str, str]:
-    """`env` without the session's Prefect server: a command starts its own, as on a laptop."""
-    out = store_env(tmp_path, own_prefect=True)
-    out.pop("RAY_ADDRESS", None)
-    return out
+    """A store of its own and neither the session's Prefect server nor its Ray: a command
+    starts its own, as on a laptop."""
+    return store_env(tmp_path, own_prefect=True)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +80,7 @@ def own_env(tmp_path: Path) -> dict[str, str]:
 def test_bad_sweep_input_is_one_line_and_exit_2(
     env: dict[str, str], args: list[str], message: str
 ) -> None:
-    result = dapo(env, "sweep", *args)
+    result = dapo("sweep", *args, env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -105,7 +99,7 @@ def test_an_unwritable_runs_directory_is_one_line_before_anything_starts(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     env = {**env, "DAPO_RUNS_DIR": str(blocker / "runs")}
-    result = dapo(env, "sweep", "--arms", "grpo")
+    result = dapo("sweep", "--arms", "grpo", env=env)
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert line.startswith(f"error: the runs directory {blocker / 'runs'} ($DAPO_RUNS_DIR) is not")
@@ -132,7 +126,7 @@ def test_serve_checks_its_store_before_serving(
 ) -> None:
     """`dapo serve --store URL` (the forms' default store) opens it first: a bad one is one line
     and exit 2, before any Prefect server or Ray is started."""
-    result = dapo(env, "serve", "--store", store, "--port", "9")
+    result = dapo("serve", "--store", store, "--port", "9", env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -152,7 +146,7 @@ def test_a_malformed_data_file_is_one_line_exit_2_and_no_sweep(
     written: 76 lines of Prefect tracebacks, exit 1 and a failed sweep in the store."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "unfinished\n')
-    result = dapo(env, "sweep", "--arms", "grpo", "--data", str(bad), "--quiet")
+    result = dapo("sweep", "--arms", "grpo", "--data", str(bad), "--quiet", env=env)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: training data: "), result.stderr
@@ -161,7 +155,7 @@ def test_a_malformed_data_file_is_one_line_exit_2_and_no_sweep(
 
 
 def test_a_model_path_that_is_not_a_model_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
-    result = dapo(env, "sweep", "--arms", "grpo", "--model", str(tmp_path))
+    result = dapo("sweep", "--arms", "grpo", "--model", str(tmp_path), env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         f"error: model path {tmp_path} is not a model directory (no config.json in it)"
@@ -191,7 +185,7 @@ def test_dapo_arm_refuses_a_seed_or_arm_outside_the_sweep(env: dict[str, str]) -
         (("--arm", "grpo", "--seed", "5"), "seed 5 (its seeds: 0)"),
         (("--arm", "dapo"), "arm 'dapo' (its arms: grpo)"),
     ):
-        result = dapo(env, "arm", "--sweep", str(sweep_id), *args)
+        result = dapo("arm", "--sweep", str(sweep_id), *args, env=env)
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stderr.strip() == (
             f"error: sweep {sweep_id} has no {what}: choose one of its own, or pass --extend "
@@ -208,7 +202,7 @@ def test_a_busy_port_is_named_with_what_holds_it(own_env: dict[str, str]) -> Non
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = dapo(env, "serve", "--port", str(port), timeout=120)
+        result = dapo("serve", "--port", str(port), env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     line = result.stderr.strip()
     assert line.startswith(f"error: port {port} on 127.0.0.1 is taken by pid {os.getpid()} (")
@@ -244,29 +238,18 @@ def test_the_temporary_prefect_server_dies_with_a_killed_driver(own_env: dict[st
         assert b"flows.local_server" in cmdline
         assert healthy(api_url)
         driver.send_signal(signal.SIGKILL)
-        driver.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _alive(server_pid):
-            time.sleep(0.2)
-        assert not _alive(server_pid), "the server outlived its driver"
+        driver.wait(timeout=60)
+        wait_for(lambda: not alive(server_pid), "the server to die with its driver", 300.0)
         assert not healthy(api_url, timeout_s=1.0)
     finally:
         if driver.poll() is None:
             driver.kill()
-        if server_pid is not None and _alive(server_pid):
+        if server_pid is not None and alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's wait is missing
-
-
 def test_dapo_arm_on_an_empty_store_says_what_to_do(env: dict[str, str]) -> None:
-    result = dapo(env, "arm", "--arm", "grpo")
+    result = dapo("arm", "--arm", "grpo", env=env)
     assert result.returncode == 2
     assert (
         result.stderr.strip()
@@ -275,73 +258,126 @@ def test_dapo_arm_on_an_empty_store_says_what_to_do(env: dict[str, str]) -> None
 
 
 def test_sweep_help_says_where_run_directories_go(env: dict[str, str]) -> None:
-    result = dapo(env, "sweep", "--help")
+    result = dapo("sweep", "--help", env=env)
     assert result.returncode == 0
     assert "$DAPO_RUNS_DIR, default" in result.stdout and "dapo-lab/runs" in result.stdout
 
 
+# --- one grid sweep, asserted on by the tests below ----------------------------------------------
+GRID = ("--arms", "grpo", "--grid", "algo.clip_high=0.2,0.28")  # 0.2: grpo's own value
+POINT = "grpo-clip_high=0.28"
+
+
+@pytest.fixture(scope="module")
+def swept(warm_ray: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`dapo sweep` of a grid around grpo (2 points, 2 steps) into a store of the module's own.
+    Each arm asks for both CPUs, so the arms run one after the other in the ladder's order
+    (grpo is run 1, as the second store's only arm is below) in one warm actor."""
+    tmp = tmp_path_factory.mktemp("swept")
+    env = store_env(tmp, ray=warm_ray)
+    done = dapo("sweep", *GRID, "--cpus", "2", "--steps", "2", "--name", "cli", *SMALL, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"env": env, "tmp": tmp, "stdout": done.stdout}
+
+
 @pytest.mark.slow
-def test_sweep_then_run_it_again_then_rerun_one_arm(env: dict[str, str]) -> None:
-    from db import ablation, reads
+def test_a_grid_sweep_says_its_progress_prints_its_table_and_stores_its_points(
+    swept: dict[str, Any],
+) -> None:
+    from db import grids, reads
     from db.store import Store
 
-    first = dapo(
-        env, "sweep", "--arms", "grpo,clip_higher", "--steps", "2", "--name", "cli", *SMALL
-    )
-    assert first.returncode == 0, first.stdout + first.stderr
-    out = first.stdout
+    out = swept["stdout"]
     # Progress in words, then the table, then the time split.
     assert "grpo s0  step 2/2  acc" in out and "tok/s  ETA" in out
-    assert re.search(r"clip_higher s0  run \d completed: 2 steps", out)
+    assert re.search(rf"{re.escape(POINT)} s0  run \d completed: 2 steps", out)
     assert "sweep 1 'cli'" in out and "completed" in out
-    table_lines = [line for line in out.splitlines() if line.startswith(("grpo ", "clip_higher "))]
-    assert len(table_lines) == 2
+    # A row per arm, each ending with its status (the comparisons below name arms too).
+    rows = [line for line in out.splitlines() if line.startswith(("grpo ", f"{POINT} "))]
+    assert [row.split()[0] for row in rows if row.endswith("completed")] == ["grpo", POINT]
     assert "orchestration ≈" in out
-    store = Store(env["DAPO_DB_URL"])
+    store = Store(swept["env"]["DAPO_DB_URL"])
     runs = reads.runs_of_sweep(store.engine, 1)
     assert list(runs["status"]) == ["completed", "completed"]
-    assert all(Path(d).is_relative_to(env["DAPO_RUNS_DIR"]) for d in runs["checkpoint_dir"])
+    assert all(
+        Path(d).is_relative_to(swept["env"]["DAPO_RUNS_DIR"]) for d in runs["checkpoint_dir"]
+    )
 
-    # The same sweep again: both arms already completed with the same config → skipped.
-    again = dapo(env, "sweep", "--sweep", "1")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("skipped: already completed with config") == 2
-    assert len(reads.runs_of_sweep(store.engine, 1)) == 2
-
-    # One arm forced: a new attempt in its own directory; the table follows it.
-    rerun = dapo(env, "arm", "--arm", "grpo", "--force", "--quiet")
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    attempts = reads.arm_attempts(store.engine, 1, "grpo")
-    assert list(attempts["attempt"]) == [1, 2] and list(attempts["status"]) == [
-        "completed",
-        "completed",
+    sweep = store.get_sweep(1)
+    assert sweep["arms"] == ["grpo", POINT]
+    assert [(r["arm"], r["parent"], r["grid"]) for r in sweep["ladder"]] == [
+        ("grpo", None, {"algo.clip_high": 0.2}),
+        (POINT, "grpo", {"algo.clip_high": 0.28}),
     ]
-    table = ablation.ablation_table(store.engine, 1)
-    newest = int(attempts["run_id"].iloc[-1])
-    assert list(table.loc[table["arm"] == "grpo", "run_ids"].iloc[0]) == [newest]
+    # The dashboard's grid page: one row per point, the base marked.
+    points = grids.grid_table(store.engine, 1)
+    assert list(points["arm"]) == ["grpo", POINT]
+    assert [p["algo.clip_high"] for p in points["point"]] == [0.2, 0.28]
+    assert list(points["base"]) == [True, False]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
-def test_two_stores_sharing_a_runs_directory_never_share_a_run(
-    env: dict[str, str], tmp_path: Path
-) -> None:
-    """Issue 14.1: a sweep into a fresh store, with the runs directory of an earlier store,
-    resumed the other store's checkpoint and recorded `completed` with 0 metrics."""
+def test_the_same_sweep_again_skips_its_completed_arms(swept: dict[str, Any]) -> None:
+    """Both arms already completed with the same config: skipped, nothing new stored."""
     from db import reads
     from db.store import Store
 
-    args = ("sweep", "--arms", "grpo", "--steps", "2", "--quiet", *SMALL)
-    first = dapo(env, *args)
-    assert first.returncode == 0, first.stdout + first.stderr
-    other = {**env, "DAPO_DB_URL": f"sqlite:///{tmp_path / 'other.db'}"}
-    second = dapo(other, *args)
+    env = swept["env"]
+    store = Store(env["DAPO_DB_URL"])
+    again = dapo("sweep", "--sweep", "1", env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for run in reads.runs_of_sweep(store.engine, 1).to_dict("records"):
+        assert f"skipped: already completed with config {run['config_hash']}" in again.stdout
+    assert again.stdout.count("skipped: already completed with config") == 2
+    assert len(reads.runs_of_sweep(store.engine, 1)) == 2
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_forced_point_is_a_new_attempt_of_its_stored_config_that_the_table_follows(
+    swept: dict[str, Any],
+) -> None:
+    """One point again from (sweep, arm, seed) alone: the stored ladder rebuilds the config it
+    completed with (the same hash), and --force starts a new attempt the table then shows."""
+    from db import ablation, reads
+    from db.store import Store
+
+    env = swept["env"]
+    store = Store(env["DAPO_DB_URL"])
+    rerun = dapo("arm", "--arm", POINT, "--force", "--quiet", env=env)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    attempts = reads.arm_attempts(store.engine, 1, POINT)
+    assert list(attempts["attempt"]) == [1, 2]
+    assert list(attempts["status"]) == ["completed", "completed"]
+    runs = reads.runs_of_sweep(store.engine, 1)
+    assert runs.loc[runs["arm"] == POINT, "config_hash"].nunique() == 1
+    table = ablation.ablation_table(store.engine, 1)
+    newest = int(attempts["run_id"].iloc[-1])
+    assert list(table.loc[table["arm"] == POINT, "run_ids"].iloc[0]) == [newest]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_two_stores_sharing_a_runs_directory_never_share_a_run(swept: dict[str, Any]) -> None:
+    """Issue 14.1: a sweep into a fresh store, with the runs directory of an earlier store,
+    resumed the other store's checkpoint and recorded `completed` with 0 metrics. The earlier
+    store is the module's sweep (its run 1: grpo, trained first); the fresh one's only run is
+    sweep 1, run 1, grpo as well."""
+    from db import reads
+    from db.store import Store
+
+    env = swept["env"]
+    other = {**env, "DAPO_DB_URL": f"sqlite:///{swept['tmp'] / 'other.db'}"}
+    second = dapo("sweep", "--arms", "grpo", "--steps", "2", "--quiet", *SMALL, env=other)
     assert second.returncode == 0, second.stdout + second.stderr
 
     runs = {}
     for url in (env["DAPO_DB_URL"], other["DAPO_DB_URL"]):
         store = Store(url)
-        (run,) = reads.runs_of_sweep(store.engine, 1).to_dict("records")  # both: sweep 1, run 1
-        assert run["run_id"] == 1 and run["status"] == "completed" and run["steps"] == 2
+        run = reads.run_details(store.engine, 1)
+        assert (run["sweep_id"], run["arm"], run["attempt"]) == (1, "grpo", 1)
+        assert run["status"] == "completed" and run["steps"] == 2
         curves = reads.metric_curves(store.engine, [1])
         assert sorted(set(curves["step"])) == [1, 2]  # trained here, not resumed
         assert 0 in set(reads.evaluations(store.engine, 1)["step"])  # its own start
@@ -352,6 +388,7 @@ def test_two_stores_sharing_a_runs_directory_never_share_a_run(
     assert all(Path(d).is_relative_to(env["DAPO_RUNS_DIR"]) for d in runs.values())
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
     env: dict[str, str],
@@ -362,7 +399,7 @@ def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
     store.set_sweep_status(sweep_id, "running")  # then the driver was killed ...
     # ... with its attempt still "running", no checkpoint yet
     stale = new_attempt(store, sweep_id, "grpo", 0, holder=killed())
-    done = dapo(env, "arm", "--sweep", str(sweep_id), "--arm", "grpo")
+    done = dapo("arm", "--sweep", str(sweep_id), "--arm", "grpo", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     newest = store.latest_attempt(sweep_id, "grpo", 0)
     assert newest is not None and newest["status"] == "completed"
@@ -372,7 +409,9 @@ def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
     assert newest["tries"] == 1 and newest["wall_s"] > 0
     assert f"sweep {sweep_id} completed" in done.stdout
 
-    wider = dapo(env, "arm", "--sweep", str(sweep_id), "--arm", "grpo", "--seed", "1", "--extend")
+    wider = dapo(
+        "arm", "--sweep", str(sweep_id), "--arm", "grpo", "--seed", "1", "--extend", env=env
+    )
     assert wider.returncode == 0, wider.stdout + wider.stderr
     sweep = store.get_sweep(sweep_id)
     assert sweep["seeds"] == [0, 1] and sweep["params"]["seeds"] == [0, 1]
@@ -380,6 +419,7 @@ def test_after_a_killed_driver_dapo_arm_finishes_the_sweep_and_extend_widens_it(
     assert store.latest_attempt(sweep_id, "grpo", 1)["status"] == "completed"  # type: ignore[index]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_store_outage_mid_sweep_is_one_line_naming_the_store(
     env: dict[str, str], request: pytest.FixtureRequest
@@ -423,13 +463,13 @@ def test_a_store_outage_mid_sweep_is_one_line_naming_the_store(
     assert "unreachable" in lines[0] and "Traceback" not in err
 
 
-# --- ladders of your own (dapo_cli.LADDER_FILE), grids -----------------------------------------
+# --- ladders of your own (dapo_cli.LADDER_FILE) -------------------------------------------------
 def test_a_bad_ladder_file_is_one_line_and_writes_nothing(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(LADDER_FILE.replace("0.28", "0.2"))  # eps28 then equals its parent
-    result = dapo(env, "sweep", "--ladder", str(bad))
+    result = dapo("sweep", "--ladder", str(bad), env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == (
         f"error: {bad}: arm 'eps28': same config as its parent 'base' on preset 'tiny': give it "
@@ -438,70 +478,15 @@ def test_a_bad_ladder_file_is_one_line_and_writes_nothing(
     assert not Path(env["DAPO_DB_URL"].removeprefix("sqlite:///")).exists()
 
 
-def _csv_table(env: dict[str, str], sweep_id: int) -> list[dict[str, str]]:
-    import csv
-    import io
-
-    shown = dapo(env, "table", "--sweep", str(sweep_id), "--format", "csv")
-    assert shown.returncode == 0, shown.stderr
-    return list(csv.DictReader(io.StringIO(shown.stdout)))
-
-
-@pytest.mark.slow
-def test_a_sweep_of_a_ladder_file_shows_its_arms_and_their_parents(
+def test_a_ladder_files_arms_are_the_ones_a_sweep_can_name(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    """The file is read by the command and its arms offered in the file's order (a sweep of a
+    ladder's TOML text runs end to end in tests/test_flows_served.py)."""
     path = tmp_path / "mine.toml"
     path.write_text(LADDER_FILE)
-    done = dapo(env, "sweep", "--ladder", str(path), "--steps", "2", "--quiet", *SMALL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = _csv_table(env, 1)
-    # The file's order, and Δ to each arm's own parent: no_std's is base (its `from`), not
-    # eps28 above it.
-    assert [(r["arm"], r["parent"]) for r in rows] == [
-        ("base", ""),
-        ("eps28", "base"),
-        ("no_std", "base"),
-    ]
-    score = {r["arm"]: float(r["score_mean_pct"]) for r in rows}
-    for row in rows[1:]:
-        assert float(row["delta_parent_pct"]) == pytest.approx(
-            score[row["arm"]] - score[row["parent"]]
-        )
-    assert {r["status"] for r in rows} == {"completed"}
-
-
-@pytest.mark.slow
-def test_a_grid_sweep_stores_its_points_and_reruns_a_point_with_the_same_config(
-    env: dict[str, str],
-) -> None:
-    from db import grids, reads
-    from db.store import Store
-
-    grid = ("--arms", "grpo", "--grid", "algo.clip_high=0.2,0.28")  # 0.2: grpo's own value
-    done = dapo(env, "sweep", *grid, "--steps", "2", "--quiet", *SMALL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    store = Store(env["DAPO_DB_URL"])
-    sweep = store.get_sweep(1)
-    assert sweep["arms"] == ["grpo", "grpo-clip_high=0.28"]
-    assert [(r["arm"], r["parent"], r["grid"]) for r in sweep["ladder"]] == [
-        ("grpo", None, {"algo.clip_high": 0.2}),
-        ("grpo-clip_high=0.28", "grpo", {"algo.clip_high": 0.28}),
-    ]
-    # The dashboard's grid page: one row per point, the base marked.
-    points = grids.grid_table(store.engine, 1)
-    assert list(points["arm"]) == ["grpo", "grpo-clip_high=0.28"]
-    assert [p["algo.clip_high"] for p in points["point"]] == [0.2, 0.28]
-    assert list(points["base"]) == [True, False]
-
-    # One point again from (sweep, arm, seed) alone: the stored ladder rebuilds the config it
-    # completed with, so the run is recognised and skipped.
-    (run,) = [
-        r
-        for r in reads.runs_of_sweep(store.engine, 1).to_dict("records")
-        if r["arm"] == "grpo-clip_high=0.28"
-    ]
-    again = dapo(env, "arm", "--arm", "grpo-clip_high=0.28")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert f"skipped: already completed with config {run['config_hash']}" in again.stdout
-    assert len(reads.arm_attempts(store.engine, 1, "grpo-clip_high=0.28")) == 1
+    result = dapo("sweep", "--ladder", str(path), "--arms", "base,nope", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert line.startswith("error: arms: unknown arm 'nope': choose among base, eps28, no_std")
+    assert "'mine'" in line and "\n" not in line

@@ -3,8 +3,10 @@ driver set up that way still joins a cluster at the machine's own address; where
 (the store's host, the runs-directory warning, bundles and the GPU memory plan); arms of N
 workers (issue 11 §2): one placement group, a lost rank ending the try, `dapo sweep --workers 2`.
 
-Each Ray runs in its own interpreter (ray.init is once per process), which shuts it down
-before it exits: nothing is left running. The multi-node cluster is tests/test_cluster.py's.
+Each driver runs in its own interpreter (ray.init is once per process), which shuts its Ray
+down before it exits: nothing is left running. The tests of a local Ray start their own; the
+others join the session's warm Ray (conftest.warm_ray). The multi-node cluster is
+tests/test_cluster.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dapo_cli import DAPO, ROOT, SMALL, dapo, store_env
+from dapo_cli import FLOW_TEST_TIMEOUT_S, ROOT, SMALL, dapo, store_env
+from ray_cluster import RayCluster
 
 # Prints every TCP port that the driver and the processes Ray started for it listen on.
 LISTENING = """
@@ -66,13 +69,13 @@ LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "0000000000000000000
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), **extra}
-    env.pop("RAY_ADDRESS", None)
-    return env
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)  # unless `extra` names one
+    return {**env, **extra}
 
 
 def _python(
-    code: str, *args: str, cwd: Path, timeout: float = 180, **env: str
+    code: str, *args: str, cwd: Path, timeout: float = 600, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """`code` run to its end in an interpreter of its own (so its own Ray), `args` as its
     sys.argv[1:] and `env` added to _env(); output captured."""
@@ -281,7 +284,9 @@ sweep = store.create_sweep(name="g", preset="tiny", arms=["grpo"], seeds=[0], ba
 run = store.resume_attempt(sweep_id=sweep, arm="grpo", seed=0, config=cfg, config_hash="h",
                            after=None, resume_step=None, checkpoint_dir=out).run_id
 owner = {"store": store.store_id, "sweep": sweep, "arm": "grpo", "seed": 0, "config_hash": "h"}
-ray_worker.connect("local", num_cpus=2)
+ray_worker.connect()  # the warm Ray ($RAY_ADDRESS), which other tests' groups may be on
+ours = lambda: {i: g for i, g in ray.util.placement_group_table().items() if i not in before}
+before = set(ray.util.placement_group_table())
 report = {"places": [], "steps": []}
 
 def kill_rank1(update):
@@ -297,8 +302,7 @@ def train(owner, on_progress=None):
     except Exception as exc:
         return [type(exc).__name__, str(exc)]
     finally:
-        report.setdefault("groups", []).append(
-            sorted(g["state"] for g in ray.util.placement_group_table().values()))
+        report.setdefault("groups", []).append(sorted(g["state"] for g in ours().values()))
         report.setdefault("alive", []).append([alive(""), alive("-rank1")])
 
 def alive(suffix):
@@ -315,14 +319,24 @@ ray_worker.shutdown()
 """
 
 
-def test_a_lost_worker_ends_the_try_and_frees_the_group(tmp_path: Path) -> None:
+@pytest.mark.e2e
+@pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)
+def test_a_lost_worker_ends_the_try_and_frees_the_group(
+    tmp_path: Path, warm_ray: RayCluster
+) -> None:
     """Two workers in one placement group; rank 1's actor is killed after the first step:
     rank 0 (left waiting in a collective) is killed too, the try ends with ActorLost naming
     the worker, and the group is removed. A refusal raised by every rank (another run's
     directory) keeps its class and its one line."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     done = _python(
-        GROUP, url, str(tmp_path / "run"), cwd=tmp_path, timeout=300, OMP_NUM_THREADS="1"
+        GROUP,
+        url,
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=1200,
+        OMP_NUM_THREADS="1",
+        **warm_ray.client_env(),
     )
     assert done.returncode == 0, done.stderr[-5000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -337,15 +351,19 @@ def test_a_lost_worker_ends_the_try_and_frees_the_group(tmp_path: Path) -> None:
     assert report["groups"][1] == ["REMOVED", "REMOVED"] and report["alive"][1] == [False, False]
 
 
-def test_a_two_worker_arm_inside_dapo_sweep_is_recorded_in_the_store(tmp_path: Path) -> None:
-    """Issue 11 §4: `dapo sweep --workers 2` through Prefect and a local Ray: two actors in one
+@pytest.mark.e2e
+@pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)
+def test_a_two_worker_arm_inside_dapo_sweep_is_recorded_in_the_store(
+    tmp_path: Path, warm_ray: RayCluster
+) -> None:
+    """Issue 11 §4: `dapo sweep --workers 2` through Prefect and Ray: two actors in one
     placement group, one run in the store with every step once and a sharded checkpoint."""
     from db import reads
     from db.engine import get_engine
 
-    env = store_env(tmp_path, _env(), OMP_NUM_THREADS="1")
+    env = store_env(tmp_path, _env(), ray=warm_ray, OMP_NUM_THREADS="1")
     url = env["DAPO_DB_URL"]
-    done = dapo(env, "sweep", "--arms", "grpo", "--workers", "2", "--steps", "2", *SMALL)
+    done = dapo("sweep", "--arms", "grpo", "--workers", "2", "--steps", "2", *SMALL, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 workers × (1 CPU), PACK; checkpoints in " + str(tmp_path / "runs") in done.stdout
     engine = get_engine(url)
@@ -354,7 +372,8 @@ def test_a_two_worker_arm_inside_dapo_sweep_is_recorded_in_the_store(tmp_path: P
     (run_id,) = reads.runs_of_sweep(engine, sweep)["run_id"]
     run = reads.run_details(engine, int(run_id))
     assert (run["status"], run["tries"], run["steps"]) == ("completed", 1, 2)
-    assert re.fullmatch(r".+ \(node [0-9a-f]{8}@127\.0\.0\.1: ranks 0-1\)", run["host"])
+    # One node (the warm Ray's, at the machine's address: tests/ray_cluster.py) holds both.
+    assert re.fullmatch(r".+ \(node [0-9a-f]{8}@[0-9.]+: ranks 0-1\)", run["host"]), run["host"]
     step = Path(run["checkpoint_dir"]) / "checkpoints" / "step_2"
     assert sorted(p.name for p in (step / "ranks").iterdir()) == ["rank_0.pt", "rank_1.pt"]
     curves = reads.metric_curves(engine, [int(run_id)])
@@ -386,7 +405,5 @@ def test_workers_and_placement_are_resources_in_the_forms_and_the_commands() -> 
     with pytest.raises(ValueError, match=r"^resources.workers: Input should be greater"):
         validate(SweepParams, {"resources": {"workers": 0}})
     for command in ("sweep", "arm"):
-        shown = subprocess.run(
-            [DAPO, command, "--help"], env=_env(), capture_output=True, text=True, timeout=60
-        ).stdout
+        shown = dapo(command, "--help", env=_env()).stdout
         assert "--workers" in shown and "--spread" in shown, shown

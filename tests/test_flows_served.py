@@ -1,8 +1,11 @@
 """The flows as a researcher uses them: a real Prefect server, `dapo serve`, a real Ray cluster.
 
-The module starts `prefect server start` (temporary PREFECT_HOME, a free port), a local Ray
-instance with 2 CPUs, and `dapo serve` joined to both, then drives the deployments through the
-Prefect API exactly as the UI and the dashboard do (create_flow_run_from_deployment).
+`dapo serve` runs against the session's Prefect server (conftest.shared_prefect_server) and
+joins the session's warm Ray (conftest.warm_ray), with a store and runs directory of this
+module's own; the tests drive the deployments through the Prefect API exactly as the UI and the
+dashboard do (create_flow_run_from_deployment). One sweep, typed as the form sends it (a ladder
+of the form's own, overrides as text), is run once and asserted on by several tests; its arms
+are then rerun and evaluated through the other two deployments.
 """
 
 from __future__ import annotations
@@ -13,49 +16,24 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import prefect_server as prefect_server_module
+import prefect_server
 import pytest
-from dapo_cli import stored_sweep
-from prefect_server import stop as _stop
-from prefect_server import wait_for as _wait_for
+from dapo_cli import FAST, FLOW_TEST_TIMEOUT_S, ROOT, alive, store_env, stored_sweep
+from prefect_server import FLOW_POLL_S, client, flow_logs, stop, wait_for
+from ray_cluster import RayCluster
 
 from dapo_core.train.run_dir import latest_step
-from flows import plan, ray_worker
+from flows import plan
 from flows.params import SweepParams, validate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)]
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# Small batches keep each arm to seconds on 2 cores; the tiny model itself (and so its cached
-# warm start) stays the preset's.
-FAST = {
-    "batch.train_batch_size": 4,
-    "batch.gen_batch_size": 4,
-    "batch.mini_batch_size": 2,
-    "rollout.group_size": 4,
-    "data.eval_problems": 8,
-    "data.eval_k": 2,
-    "run.checkpoint_every": 1,
-    "run.samples_per_step": 2,
-}
-FLOW_TIMEOUT_S = 180.0
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie, dead but not yet reaped, does not)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @dataclass
@@ -64,52 +42,30 @@ class Served:
     store_url: str
     runs_dir: Path
     log: Path
+    ray: RayCluster
 
+    def trigger(self, deployment: str, parameters: dict[str, Any]) -> UUID:
+        return prefect_server.trigger(self.api_url, deployment, parameters)
 
-@contextmanager
-def prefect_client(api_url: str) -> Iterator[Any]:
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with (
-        temporary_settings(updates={PREFECT_API_URL: api_url}),
-        get_client(sync_client=True) as client,
-    ):
-        yield client
-
-
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with prefect_server_module.running(tmp_path_factory.mktemp("prefect-home")) as api_url:
-        yield api_url
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    import ray
-
-    ray_worker.connect("local", num_cpus=2)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray_worker.shutdown()
+    def wait_final(self, flow_run_id: UUID) -> Any:
+        return prefect_server.wait_final(self.api_url, flow_run_id, logs=[self.log])
 
 
 @pytest.fixture(scope="module")
 def served(
-    prefect_server: str, ray_address: str, tmp_path_factory: pytest.TempPathFactory
+    shared_prefect_server: str, warm_ray: RayCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     work = tmp_path_factory.mktemp("served")
-    store_url = f"sqlite:///{work / 'dapo.db'}"
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": prefect_server,
-        "PREFECT_HOME": str(work / "prefect-client"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "RAY_ADDRESS": ray_address,
-        "DAPO_DB_URL": store_url,
-        "DAPO_RUNS_DIR": str(work / "runs"),
-    }
+    api_url = shared_prefect_server
+    env = store_env(
+        work,
+        ray=warm_ray,
+        PREFECT_API_URL=api_url,
+        PREFECT_HOME=str(work / "prefect-client"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
+    # Deployments of these names that an earlier module left would pass for this one's.
+    prefect_server.delete_deployments(api_url)
     log = work / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -120,47 +76,28 @@ def served(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    names = ("ablation-sweep/dapo-sweep", "ablation-arm/dapo-arm", "evaluate-run/dapo-eval")
 
     def registered() -> bool:
         from prefect.exceptions import ObjectNotFound
 
-        with prefect_client(prefect_server) as client:
+        with client(api_url) as prefect:
             try:
-                for name in names:
-                    client.read_deployment_by_name(name)
+                for name in prefect_server.DEPLOYMENTS:
+                    prefect.read_deployment_by_name(name)
             except ObjectNotFound:
                 return False
         return True
 
     try:
-        _wait_for(registered, "dapo serve to register its deployments", 90.0, proc, log)
-        yield Served(prefect_server, store_url, work / "runs", log)
+        wait_for(
+            registered, "dapo serve to register its deployments", 600.0, proc, log, FLOW_POLL_S
+        )
+        yield Served(api_url, env["DAPO_DB_URL"], work / "runs", log, warm_ray)
     finally:
-        # The runner stops before the server it talks to (the other order hangs).
-        _stop(proc, signal.SIGINT)
-
-
-def trigger(served: Served, deployment: str, parameters: dict[str, Any]) -> UUID:
-    """What the UI's "Run" button does: a flow run of the deployment with these parameters."""
-    with prefect_client(served.api_url) as client:
-        dep = client.read_deployment_by_name(deployment)
-        return client.create_flow_run_from_deployment(dep.id, parameters=parameters).id
-
-
-def wait_final(served: Served, flow_run_id: UUID, timeout_s: float = FLOW_TIMEOUT_S) -> Any:
-    seen: list[str] = []
-
-    def final() -> Any:
-        with prefect_client(served.api_url) as client:
-            run = client.read_flow_run(flow_run_id)
-        seen[:] = [f"{run.state.name}: {run.state.message}" if run.state else "no state"]
-        return run if run.state is not None and run.state.is_final() else None
-
-    try:
-        return _wait_for(final, f"flow run {flow_run_id}", timeout_s, log=served.log)
-    except pytest.fail.Exception as exc:
-        pytest.fail(f"flow run {flow_run_id} last seen as {seen}\n{exc}")
+        # The runner stops before the server it talks to (the other order hangs); the
+        # server is the session's, and the next module registers deployments of its own.
+        stop(proc, signal.SIGINT)
+        prefect_server.delete_deployments(api_url)
 
 
 def store(served: Served) -> Any:
@@ -175,47 +112,46 @@ def sweep_ids(served: Served) -> list[int]:
     return [int(s) for s in ablation.list_sweeps(store(served).engine)["sweep_id"]]
 
 
-def flow_logs(served: Served, flow_run_id: UUID) -> list[str]:
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with prefect_client(served.api_url) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    return [log.message for log in logs]
-
-
-def table_artifacts(served: Served, sweep_id: int) -> list[Any]:
+def table_artifacts(served: Served, sweep_id: int, flow_run_ids: set[str]) -> list[Any]:
+    """The sweep's table artifacts that these flow runs published (the session's server
+    keeps other modules' too, and an artifact's key names the sweep id, not the store)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     key = plan.artifact_key("ablation-table", sweep_id)
-    with prefect_client(served.api_url) as client:
-        return client.read_artifacts(
+    with client(served.api_url) as prefect:
+        found = prefect.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
         )
+    return [a for a in found if str(a.flow_run_id) in flow_run_ids]
 
 
 # --- bad parameters ----------------------------------------------------------------------------
-BAD = [
-    ({"arms": ["grpo", "nope"]}, "arms: unknown arm 'nope'"),
-    ({"seeds": []}, "seeds: no seeds given"),
-    ({"ray_address": "127.0.0.1:9"}, "cannot reach the Ray cluster at 127.0.0.1:9"),
-    ({"store_url": "postgresql+psycopg://nobody@127.0.0.1:9/nowhere"}, "cannot open the store"),
-    # The form's JSON editor: a value that cannot be its field's type is one line, not the
-    # TypeError a config built from it would raise.
+# Through a served flow run: a parameter the form's JSON editor typed wrong, and a place the
+# flow cannot reach. The other mistakes fail in the same checks (flows.checks.prepare_sweep),
+# tested below without a server and through `dapo sweep` in tests/test_flows_cli.py.
+SERVED_BAD = [
     (
         {"overrides": {"algo.clip_high": "high"}},
         "overrides: algo.clip_high='high': expected a number",
     ),
+    ({"ray_address": "127.0.0.1:9"}, "cannot reach the Ray cluster at 127.0.0.1:9"),
+]
+CHECKED_BAD = [
+    ({"arms": ["grpo", "nope"]}, "arms: unknown arm 'nope'"),
+    ({"seeds": []}, "seeds: no seeds given"),
+    ({"store_url": "postgresql+psycopg://nobody@127.0.0.1:9/nowhere"}, "cannot open the store"),
 ]
 
 
+@pytest.mark.e2e
 def test_bad_parameters_fail_the_flow_run_with_one_line_and_write_nothing(served: Served) -> None:
     before = sweep_ids(served)
     runs = [
-        (trigger(served, "ablation-sweep/dapo-sweep", {**params, "steps": 2}), want)
-        for params, want in BAD
+        (served.trigger("ablation-sweep/dapo-sweep", {**params, "steps": 2}), want)
+        for params, want in SERVED_BAD
     ]
     for flow_run_id, want in runs:
-        run = wait_final(served, flow_run_id)
+        run = served.wait_final(flow_run_id)
         assert run.state.is_failed(), (want, run.state)
         reason = plan.state_line(run.state.message)
         assert want in reason, reason
@@ -223,80 +159,121 @@ def test_bad_parameters_fail_the_flow_run_with_one_line_and_write_nothing(served
     assert sweep_ids(served) == before
 
 
-def test_an_override_typed_as_text_in_the_form_is_its_fields_type(served: Served) -> None:
-    """{"algo.clip_high": "0.28"} from the form trains with ε_high = 0.28, as --set would."""
-    params = {
-        "arms": ["grpo"],
-        "seeds": [0],
-        "steps": 1,
-        "overrides": {**FAST, "algo.clip_high": "0.28", "run.samples_per_step": "1"},
-        "name": "typed-overrides",
-    }
-    run = wait_final(served, trigger(served, "ablation-sweep/dapo-sweep", params))
-    assert run.state.is_completed(), (run.state, served.log.read_text()[-3000:])
-    st = store(served)
-    sweep_id = max(sweep_ids(served))
-    assert st.get_sweep(sweep_id)["name"] == "typed-overrides"
-    attempt = st.latest_attempt(sweep_id, "grpo", 0)
-    assert attempt is not None and attempt["status"] == "completed"
-    config = st.get_run(int(attempt["run_id"]))["config"]
-    assert config["algo"]["clip_high"] == 0.28 and isinstance(config["algo"]["clip_high"], float)
-    assert config["run"]["samples_per_step"] == 1
+def test_the_sweep_flows_checks_refuse_bad_parameters_in_one_line(tmp_path: Path) -> None:
+    """What the served flow runs first (the sweep flow's own checks), without a server."""
+    from dapo_common.cli_args import USER_ERRORS
+    from flows import checks
+
+    for params, want in CHECKED_BAD:
+        raw = {"steps": 2, "store_url": f"sqlite:///{tmp_path / 'x.db'}", **params}
+        with pytest.raises(USER_ERRORS) as info:
+            checks.prepare_sweep(raw, None)
+        assert want in str(info.value) and "\n" not in str(info.value), info.value
+    assert not (tmp_path / "x.db").exists()
 
 
-# --- a sweep from the UI ---------------------------------------------------------------------------
+# --- one sweep typed into the form, asserted on by the tests below ------------------------------
+# The form's ladder (TOML text): arm names holding `=` (as a grid's points are named), an arm
+# whose parent is not the arm above it; overrides typed as text, as the JSON editor sends them.
+FORM_LADDER = """\
+name = "from the form"
+
+[[arms]]
+name = "base"
+from = "grpo"
+
+[[arms]]
+name = "base-clip_high=0.28"
+set = { "algo.clip_high" = 0.28 }
+
+[[arms]]
+name = "no_std"
+from = "base"
+set = { "algo.scale_adv_by_std" = false }
+"""
+ARMS = ["base", "base-clip_high=0.28", "no_std"]
+STEPS = 2
+
+
 @pytest.fixture(scope="module")
 def sweep(served: Served) -> dict[str, Any]:
-    """A 2-arm × 1-seed tiny sweep of 2 steps, triggered like the UI's form."""
+    """The form's ladder × 1 seed, 2 steps, with overrides typed as text, triggered as the
+    UI's Run button does."""
     params = {
-        "preset": "tiny",
-        "arms": ["grpo", "clip_higher"],
+        "ladder": FORM_LADDER,
         "seeds": [0],
-        "steps": 2,
-        "overrides": FAST,
+        "steps": STEPS,
+        "overrides": {**FAST, "optim.lr": "2e-6", "run.samples_per_step": "1"},
+        "name": "typed into the form",
     }
-    flow_run_id = trigger(served, "ablation-sweep/dapo-sweep", params)
-    run = wait_final(served, flow_run_id)
+    flow_run_id = served.trigger("ablation-sweep/dapo-sweep", params)
+    run = served.wait_final(flow_run_id)
     assert run.state.is_completed(), (run.state, served.log.read_text()[-3000:])
-    ids = sweep_ids(served)
-    return {"flow_run": run, "sweep_id": max(ids)}
+    from db import ablation
+
+    sweeps = ablation.list_sweeps(store(served).engine)
+    (sweep_id,) = sweeps[sweeps["flow_run_id"] == str(flow_run_id)]["sweep_id"]
+    return {"flow_run": run, "sweep_id": int(sweep_id)}
 
 
+@pytest.mark.e2e
 def test_a_sweep_runs_each_arm_as_its_own_flow_run_and_publishes_the_table(
     served: Served, sweep: dict[str, Any]
 ) -> None:
-    from db import reads
+    from db import ablation, reads
 
     st = store(served)
     sweep_id = sweep["sweep_id"]
     row = st.get_sweep(sweep_id)
-    assert row["status"] == "completed"
+    assert row["status"] == "completed" and row["name"] == "typed into the form"
     assert row["flow_run_id"] == str(sweep["flow_run"].id)
+    assert row["arms"] == ARMS
+    assert [(r["arm"], r["parent"]) for r in row["ladder"]] == [
+        ("base", None),
+        ("base-clip_high=0.28", "base"),
+        ("no_std", "base"),
+    ]
 
     runs = reads.runs_of_sweep(st.engine, sweep_id)
-    assert sorted(runs["arm"]) == ["clip_higher", "grpo"]
-    assert set(runs["status"]) == {"completed"}
-    assert list(runs["steps"]) == [2, 2]
+    assert sorted(runs["arm"]) == sorted(ARMS)
+    assert set(runs["status"]) == {"completed"} and list(runs["steps"]) == [STEPS] * 3
     curves = reads.metric_curves(st.engine, [int(r) for r in runs["run_id"]])
     for run_id in runs["run_id"]:
         mine = curves[curves["run_id"] == run_id]
         assert sorted(set(mine["step"])) == [1, 2]
         assert "acc/mean" in set(mine["name"])
         assert not reads.evaluations(st.engine, int(run_id)).empty
+        # The overrides typed as text trained as their fields' types, as --set gives them.
+        config = st.get_run(int(run_id))["config"]
+        assert config["optim"]["lr"] == 2e-6 and isinstance(config["optim"]["lr"], float)
+        assert config["run"]["samples_per_step"] == 1
 
-    # Each arm is a flow run of the dapo-arm deployment, a child of the sweep's flow run.
-    with prefect_client(served.api_url) as client:
-        arm_dep = client.read_deployment_by_name("ablation-arm/dapo-arm")
-        for flow_run_id in runs["flow_run_id"]:
-            child = client.read_flow_run(UUID(flow_run_id))
+    # Each arm is a flow run of the dapo-arm deployment, a child of the sweep's flow run,
+    # named after its arm (a name with `=` included).
+    with client(served.api_url) as prefect:
+        arm_dep = prefect.read_deployment_by_name("ablation-arm/dapo-arm")
+        for arm, flow_run_id in zip(runs["arm"], runs["flow_run_id"], strict=True):
+            child = prefect.read_flow_run(UUID(flow_run_id))
             assert child.deployment_id == arm_dep.id
             assert child.state.is_completed()
-            parent = client.read_task_run(child.parent_task_run_id)
+            assert child.name == f"{arm}-s0-sweep{sweep_id}"
+            parent = prefect.read_task_run(child.parent_task_run_id)
             assert parent.flow_run_id == sweep["flow_run"].id
 
-    artifacts = table_artifacts(served, sweep_id)
+    artifacts = table_artifacts(served, sweep_id, {str(sweep["flow_run"].id)})
     assert len(artifacts) == 1 and artifacts[0].type == "table"
-    assert [r["arm"] for r in _rows(artifacts[0])] == ["grpo", "clip_higher"]
+    assert [r["arm"] for r in _rows(artifacts[0])] == ARMS
+
+    # Δ to each arm's own parent: no_std's is base (its `from`), not the arm above it.
+    table = ablation.ablation_table(st.engine, sweep_id)
+    assert list(table["arm"]) == ARMS
+    assert list(table["parent"].fillna("")) == ["", "base", "base"]
+    score = dict(zip(table["arm"], table["score_mean"], strict=True))
+    for arm, parent, delta in zip(
+        table["arm"], table["parent"], table["delta_parent"], strict=True
+    ):
+        if isinstance(parent, str):
+            assert delta.mean == pytest.approx(score[arm] - score[parent]), arm
 
 
 def _rows(artifact: Any) -> list[dict[str, Any]]:
@@ -306,41 +283,82 @@ def _rows(artifact: Any) -> list[dict[str, Any]]:
     return json.loads(data) if isinstance(data, str) else list(data)
 
 
+@pytest.mark.e2e
 def test_rerunning_an_arm_from_the_dashboard_makes_a_new_attempt_and_updates_the_table(
     served: Served, sweep: dict[str, Any]
 ) -> None:
+    """The dashboard's rerun sends only (sweep, arm, seed): the arm deployment rebuilds the
+    same config from the ladder stored with the sweep, and the table follows the new attempt."""
     from dashboard.rerun import request_rerun
     from db import ablation
 
     st = store(served)
-    sweep_id = sweep["sweep_id"]
-    first = st.latest_attempt(sweep_id, "grpo", 0)
-    result = request_rerun(sweep_id, "grpo", 0, environ={"PREFECT_API_URL": served.api_url})
+    sweep_id, arm = sweep["sweep_id"], "base-clip_high=0.28"
+    first = st.latest_attempt(sweep_id, arm, 0)
+    result = request_rerun(sweep_id, arm, 0, environ={"PREFECT_API_URL": served.api_url})
     assert result.ok, result.message
-    run = wait_final(served, UUID(result.flow_run_id))
+    run = served.wait_final(UUID(result.flow_run_id))
     assert run.state.is_completed(), run.state
 
-    second = st.latest_attempt(sweep_id, "grpo", 0)
-    assert second["attempt"] == first["attempt"] + 1
+    second = st.latest_attempt(sweep_id, arm, 0)
+    assert second["attempt"] == first["attempt"] + 1 == 2
     assert second["status"] == "completed" and second["flow_run_id"] == result.flow_run_id
+    assert second["config_hash"] == first["config_hash"]
     # A forced rerun of a completed arm starts over in its own directory: the first attempt's
     # checkpoints are kept.
     assert second["checkpoint_dir"] != first["checkpoint_dir"]
-    assert latest_step(first["checkpoint_dir"]) == 2
+    assert latest_step(first["checkpoint_dir"]) == STEPS
     table = ablation.ablation_table(st.engine, sweep_id)
-    grpo = table[table["arm"] == "grpo"].iloc[0]
-    assert int(second["run_id"]) in list(grpo["run_ids"])
-    assert int(first["run_id"]) not in list(grpo["run_ids"])
+    assert list(table["arm"]) == ARMS
+    row = table[table["arm"] == arm].iloc[0]
+    assert int(second["run_id"]) in list(row["run_ids"])
+    assert int(first["run_id"]) not in list(row["run_ids"])
     # The arm flow published a new version of the sweep's table.
-    assert len(table_artifacts(served, sweep_id)) == 2
+    published = {str(sweep["flow_run"].id), result.flow_run_id}
+    assert len(table_artifacts(served, sweep_id, published)) == 2
+
+
+@pytest.mark.e2e
+def test_the_eval_deployment_scores_a_stored_checkpoint(
+    served: Served, sweep: dict[str, Any]
+) -> None:
+    from db import reads
+
+    st = store(served)
+    run_id = int(st.latest_attempt(sweep["sweep_id"], "no_std", 0)["run_id"])
+    flow_run_id = served.trigger(
+        "evaluate-run/dapo-eval", {"run_id": run_id, "eval_k": 1, "eval_problems": 4}
+    )
+    run = served.wait_final(flow_run_id)
+    assert run.state.is_completed(), run.state
+    evals = reads.evaluations(st.engine, run_id)
+    added = evals[evals["k"] == 1]
+    assert len(added) == 1
+    assert int(added["n_problems"].iloc[0]) == 4 and int(added["step"].iloc[0]) == STEPS
+    assert 0.0 <= float(added["avg_at_k"].iloc[0]) <= 1.0
 
 
 # --- a killed actor ----------------------------------------------------------------------------
-def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
-    served: Served, ray_address: str
-) -> None:
-    import ray
+# A driver of its own joins the Ray the arm trains on, finds the run's actor and kills it
+# (ray.kill: no restart in place; the flow's retry starts a new actor); prints the actor's pid.
+KILL_ACTOR = """
+import os, sys
+from flows import ray_worker
+import ray
 
+ray_worker.connect()
+actor = ray_worker.training_actor(int(sys.argv[1]))
+if actor is None:
+    sys.exit(f"no live actor trains run {sys.argv[1]}")
+pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=300)
+ray.kill(actor)
+print(pid, flush=True)
+ray_worker.shutdown()
+"""
+
+
+@pytest.mark.e2e
+def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(served: Served) -> None:
     from db import reads
 
     steps = 8
@@ -349,8 +367,8 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
     )
     st = store(served)
     sweep_id = stored_sweep(st, params, "kill test")
-    flow_run_id = trigger(
-        served, "ablation-arm/dapo-arm", {"sweep_id": sweep_id, "arm": "token_loss", "seed": 0}
+    flow_run_id = served.trigger(
+        "ablation-arm/dapo-arm", {"sweep_id": sweep_id, "arm": "token_loss", "seed": 0}
     )
 
     def checkpointed() -> tuple[int, str, int] | None:
@@ -365,26 +383,30 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
             else None
         )
 
-    run_id, run_dir, step = _wait_for(
-        checkpointed, "the first checkpoint", FLOW_TIMEOUT_S, log=served.log
-    )
+    run_id, run_dir, step = wait_for(checkpointed, "the first checkpoint", log=served.log)
     assert step < steps, "the run finished before it could be killed: give it more steps"
-    actor = ray_worker.training_actor(run_id)
-    assert actor is not None, f"no live actor trains run {run_id}"
-    pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60)
-    ray.kill(actor)
+    killer = subprocess.run(
+        [sys.executable, "-c", KILL_ACTOR, str(run_id)],
+        env={**os.environ, **served.ray.client_env()},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killer.returncode == 0, killer.stderr[-3000:]
+    pid = int(killer.stdout.split()[-1])
     # ray.kill returns before the actor's process is gone: it went on to write a later step's
     # checkpoint after the look below (seen under load: the retry resumed step 3, which the
     # look had missed). Look once the process has exited, so that the look holds every
     # checkpoint the killed try wrote; the replacement resumes the newest of them, whichever
     # it is, and leaves it as it was (inodes).
-    _wait_for(lambda: not _process_alive(pid), "the killed actor's process to exit", 60.0)
+    wait_for(lambda: not alive(pid), "the killed actor's process to exit", 600.0)
     inodes = {
         int(path.parent.name.removeprefix("step_")): path.stat().st_ino
         for path in (Path(run_dir) / "checkpoints").glob("step_*/trainer_state.pt")
     }
 
-    run = wait_final(served, flow_run_id)
+    run = served.wait_final(flow_run_id)
     assert run.state.is_completed(), run.state
     # The same attempt finished the job: no new attempt row; its time is both tries' (issue
     # 14.6: it was the last try's alone).
@@ -392,18 +414,20 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
     assert int(latest["run_id"]) == run_id and latest["attempt"] == 1
     assert latest["status"] == "completed" and latest["steps"] == steps
     assert latest["tries"] == 2
-    _wait_for(  # the flow run's last log lines may reach the server after its final state
+    wait_for(  # the flow run's last log lines may reach the server after its final state
         lambda: any(
-            f"{steps} steps in" in m and "over 2 tries" in m for m in flow_logs(served, flow_run_id)
+            f"{steps} steps in" in m and "over 2 tries" in m
+            for m in flow_logs(served.api_url, flow_run_id)
         ),
         "the completion line counting both tries",
-        30.0,
+        600.0,
         log=served.log,
+        poll_s=FLOW_POLL_S,
     )
     # It resumed from a checkpoint (which it did not rewrite) rather than starting over.
     resumed = [
         int(found.group(1))
-        for m in flow_logs(served, flow_run_id)
+        for m in flow_logs(served.api_url, flow_run_id)
         if (found := re.search(r"resuming from the checkpoint at step (\d+)", m))
     ]
     assert resumed and step <= resumed[0] < steps, resumed
@@ -420,14 +444,17 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(
     assert list(rollout) == [float(s) for s in range(1, steps + 1)]
 
 
-def test_the_deployments_carry_typed_forms(served: Served) -> None:
+def test_the_deployments_carry_typed_forms() -> None:
+    """The forms `dapo serve` and `dapo deploy` register (flows.serve.deployments(); that the
+    server keeps them as they are is tests/test_flows_pool.py's deploy test)."""
     from dapo_core.setup.presets import PRESETS
+    from flows.serve import deployments
 
-    with prefect_client(served.api_url) as client:
-        sweep_form = client.read_deployment_by_name(
-            "ablation-sweep/dapo-sweep"
-        ).parameter_openapi_schema
-        arm_form = client.read_deployment_by_name("ablation-arm/dapo-arm").parameter_openapi_schema
+    forms = {
+        f"{d.flow_name}/{d.name}": d._parameter_openapi_schema.model_dump(exclude_unset=True)
+        for d in deployments()
+    }
+    sweep_form, arm_form = forms["ablation-sweep/dapo-sweep"], forms["ablation-arm/dapo-arm"]
     props = sweep_form["properties"]
     # The ladder: a text box (a built-in's name, or a ladder file's TOML pasted in); the arms:
     # free text checked against it (no drop-down: they are the ladder's, not the paper's).
@@ -476,80 +503,7 @@ def test_the_sweep_flow_takes_a_ladder_and_names_any_arms_runs_validly() -> None
     assert not set(name) & set(BANNED_CHARACTERS)
 
 
-FORM_LADDER = """\
-name = "from the form"
-
-[[arms]]
-name = "base"
-from = "token_loss"
-
-[[arms]]
-name = "base-clip_high=0.3"
-set = { "algo.clip_high" = 0.3 }
-"""
-
-
-def test_a_ladder_typed_into_the_form_runs_and_an_arm_reruns_from_the_dashboard(
-    served: Served,
-) -> None:
-    """The sweep form's ladder (TOML text) runs through the deployments; the dashboard's
-    rerun sends only (sweep, arm, seed) and the arm deployment rebuilds the same config from
-    the ladder stored with the sweep."""
-    from dashboard.rerun import request_rerun
-    from db import ablation
-
-    params = {"ladder": FORM_LADDER, "seeds": [0], "steps": 2, "overrides": FAST}
-    run = wait_final(served, trigger(served, "ablation-sweep/dapo-sweep", params))
-    assert run.state.is_completed(), (run.state, served.log.read_text()[-3000:])
-    st = store(served)
-    sweep_id = max(sweep_ids(served))
-    row = st.get_sweep(sweep_id)
-    assert row["arms"] == ["base", "base-clip_high=0.3"]
-    assert [(r["arm"], r["parent"]) for r in row["ladder"]] == [
-        ("base", None),
-        ("base-clip_high=0.3", "base"),
-    ]
-    first = st.latest_attempt(sweep_id, "base-clip_high=0.3", 0)
-    with prefect_client(served.api_url) as client:
-        child = client.read_flow_run(UUID(first["flow_run_id"]))
-    assert child.name == f"base-clip_high=0.3-s0-sweep{sweep_id}"
-
-    result = request_rerun(
-        sweep_id, "base-clip_high=0.3", 0, environ={"PREFECT_API_URL": served.api_url}
-    )
-    assert result.ok, result.message
-    rerun = wait_final(served, UUID(result.flow_run_id))
-    assert rerun.state.is_completed(), rerun.state
-    second = st.latest_attempt(sweep_id, "base-clip_high=0.3", 0)
-    assert second["attempt"] == 2 and second["status"] == "completed"
-    assert second["config_hash"] == first["config_hash"]
-    table = ablation.ablation_table(st.engine, sweep_id)
-    assert list(table["arm"]) == ["base", "base-clip_high=0.3"]
-    assert list(table["parent"].fillna("")) == ["", "base"]
-
-
-def test_the_eval_deployment_scores_a_stored_checkpoint(
-    served: Served, sweep: dict[str, Any]
-) -> None:
-    from db import reads
-
-    st = store(served)
-    run_id = int(st.latest_attempt(sweep["sweep_id"], "clip_higher", 0)["run_id"])
-    flow_run_id = trigger(
-        served, "evaluate-run/dapo-eval", {"run_id": run_id, "eval_k": 1, "eval_problems": 4}
-    )
-    run = wait_final(served, flow_run_id)
-    assert run.state.is_completed(), run.state
-    evals = reads.evaluations(st.engine, run_id)
-    added = evals[evals["k"] == 1]
-    assert (
-        len(added) == 1
-        and int(added["n_problems"].iloc[0]) == 4
-        and int(added["step"].iloc[0]) == 2
-    )
-    assert 0.0 <= float(added["avg_at_k"].iloc[0]) <= 1.0
-
-
+@pytest.mark.e2e
 def test_cancelling_an_arm_never_reopens_one_its_runner_already_cancelled(served: Served) -> None:
     """The sweep cancels its arms while their runner cancels them too: whichever comes last
     must leave an arm that is already Cancelled as it is (a forced Cancelling reopened it, and
@@ -558,19 +512,20 @@ def test_cancelling_an_arm_never_reopens_one_its_runner_already_cancelled(served
 
     from flows.sweep import cancel_flow_run
 
-    with prefect_client(served.api_url) as client:
-        dep = client.read_deployment_by_name("ablation-arm/dapo-arm")
-        run_id = client.create_flow_run_from_deployment(
+    with client(served.api_url) as prefect:
+        dep = prefect.read_deployment_by_name("ablation-arm/dapo-arm")
+        run_id = prefect.create_flow_run_from_deployment(
             dep.id, parameters={"sweep_id": 1, "arm": "grpo"}, state=Cancelled()
         ).id
-        cancel_flow_run(client, run_id)
-        assert client.read_flow_run(run_id).state.is_cancelled()
+        cancel_flow_run(prefect, run_id)
+        assert prefect.read_flow_run(run_id).state.is_cancelled()
         # What the sweep did before: forced, it takes the run out of its final state.
-        client.set_flow_run_state(run_id, Cancelling(), force=True)
-        assert not client.read_flow_run(run_id).state.is_final()
-        client.set_flow_run_state(run_id, Cancelled(), force=True)
+        prefect.set_flow_run_state(run_id, Cancelling(), force=True)
+        assert not prefect.read_flow_run(run_id).state.is_final()
+        prefect.set_flow_run_state(run_id, Cancelled(), force=True)
 
 
+@pytest.mark.e2e
 def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: Served) -> None:
     from prefect.states import Cancelling
 
@@ -583,7 +538,7 @@ def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: 
         "overrides": FAST,
         "name": "to cancel",
     }
-    sweep_run_id = trigger(served, "ablation-sweep/dapo-sweep", params)
+    sweep_run_id = served.trigger("ablation-sweep/dapo-sweep", params)
     st = store(served)
 
     def training() -> dict[str, Any] | None:
@@ -596,11 +551,11 @@ def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: 
             return None
         return latest
 
-    latest = _wait_for(training, "the arm to start training", FLOW_TIMEOUT_S, log=served.log)
-    with prefect_client(served.api_url) as client:  # what the UI's Cancel button does
-        client.set_flow_run_state(sweep_run_id, Cancelling())
-    assert wait_final(served, sweep_run_id).state.is_cancelled()
-    child = wait_final(served, UUID(latest["flow_run_id"]))
+    latest = wait_for(training, "the arm to start training", log=served.log)
+    with client(served.api_url) as prefect:  # what the UI's Cancel button does
+        prefect.set_flow_run_state(sweep_run_id, Cancelling())
+    assert served.wait_final(sweep_run_id).state.is_cancelled()
+    child = served.wait_final(UUID(latest["flow_run_id"]))
     assert child.state.is_cancelled(), child.state
 
     def marked() -> bool:
@@ -610,8 +565,6 @@ def test_cancelling_a_served_sweep_cancels_its_arms_and_marks_the_store(served: 
             and st.get_sweep(int(run["sweep_id"]))["status"] == "cancelled"
         )
 
-    _wait_for(marked, "the store to mark the run and the sweep cancelled", 30.0, log=served.log)
-    assert (
-        st.get_run(int(latest["run_id"]))["steps"] is None
-        or st.get_run(int(latest["run_id"]))["steps"] < 200
-    )
+    wait_for(marked, "the store to mark the run and the sweep cancelled", 600.0, log=served.log)
+    steps = st.get_run(int(latest["run_id"]))["steps"]
+    assert steps is None or steps < 200

@@ -27,11 +27,12 @@ from uuid import UUID
 
 import pytest
 from dapo_cli import DAPO, ROOT, SMALL, SMALL_OVERRIDES, store_env, stored_sweep
+from prefect_server import BIN
+from prefect_server import client as prefect_client
 from prefect_server import healthy as _healthy
 from prefect_server import stop as _stop
 from prefect_server import wait_for as _wait_for
 from ray_cluster import RayCluster, ray_cluster
-from test_flows_served import BIN, prefect_client
 
 from dapo_common.util import free_port
 from flows import ray_jobs

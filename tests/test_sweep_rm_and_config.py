@@ -5,13 +5,13 @@ runs them, against the dashboard's fixture store."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import dashboard_fixtures as fx
 import pytest
 import sqlalchemy as sa
+from dapo_cli import dapo
 
 from db import cleanup, reads
 from db.engine import get_engine
@@ -19,23 +19,6 @@ from db.models import EVALUATIONS, METRICS, RUNS, SAMPLES, SWEEPS
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-DAPO = ROOT / ".venv" / "bin" / "dapo"
-
-
-def dapo(
-    *args: str, env: dict[str, str], cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, **env}
-    environ.pop("DAPO_DEBUG", None)
-    return subprocess.run(
-        [str(DAPO), *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -96,7 +79,7 @@ def test_rm_without_yes_lists_and_deletes_nothing(
     store, root, dirs = laid_out
     env = {"DAPO_DB_URL": store.url, "DAPO_RUNS_DIR": str(root)}
     before = counts(store.url, store.other_sweep_id)
-    done = dapo("sweep", "rm", str(store.other_sweep_id), env=env)
+    done = dapo("sweep", "rm", str(store.other_sweep_id), **env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == (
@@ -117,7 +100,7 @@ def test_rm_yes_deletes_the_rows_and_the_sweeps_own_directories(
     store, root, dirs = laid_out
     env = {"DAPO_DB_URL": store.url, "DAPO_RUNS_DIR": str(root)}
     other_before = counts(store.url, store.sweep_id)
-    done = dapo("sweep", "rm", str(store.other_sweep_id), "--yes", env=env)
+    done = dapo("sweep", "rm", str(store.other_sweep_id), "--yes", **env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith(f"deleting from {store.url}: sweep ")
     assert (
@@ -130,7 +113,7 @@ def test_rm_yes_deletes_the_rows_and_the_sweeps_own_directories(
     assert counts(store.url, store.sweep_id) == other_before  # the other sweep is untouched
     assert not dirs["grpo"].exists()  # its own directory, checkpoints and all
     assert dirs["overlong_filter"].exists()  # claims another sweep: kept
-    again = one_error_line(dapo("sweep", "rm", str(store.other_sweep_id), env=env))
+    again = one_error_line(dapo("sweep", "rm", str(store.other_sweep_id), **env))
     assert again == f"error: no sweep with id {store.other_sweep_id} in {store.url}"
 
 
@@ -138,7 +121,7 @@ def test_rm_refuses_a_sweep_still_running_and_keeps_dirs_outside_the_root(tmp_pa
     store = fx.build_store(f"sqlite:///{tmp_path / 'store.db'}")
     env = {"DAPO_DB_URL": store.url, "DAPO_RUNS_DIR": str(tmp_path / "runs")}
     running = store.run_ids[fx.RUNNING]
-    line = one_error_line(dapo("sweep", "rm", str(store.sweep_id), "--yes", env=env))
+    line = one_error_line(dapo("sweep", "rm", str(store.sweep_id), "--yes", **env))
     assert line == (
         f"error: sweep {store.sweep_id} has runs still running ({running}): cancel them (or "
         "wait) before removing it"
@@ -157,10 +140,10 @@ def test_rm_refuses_a_sweep_still_running_and_keeps_dirs_outside_the_root(tmp_pa
 
 def test_rm_bad_input_is_one_line(tmp_path: Path) -> None:
     env = {"DAPO_DB_URL": f"sqlite:///{tmp_path / 'none.db'}"}
-    line = one_error_line(dapo("sweep", "rm", "3", env=env))
+    line = one_error_line(dapo("sweep", "rm", "3", **env))
     assert line.startswith("error: no store at ")
     assert not (tmp_path / "none.db").exists()  # a mistyped store is not created
-    usage = dapo("sweep", "rm", "zero", env=env)  # argparse's one line (OneLineParser)
+    usage = dapo("sweep", "rm", "zero", **env)  # argparse's one line (OneLineParser)
     assert usage.returncode == 2 and usage.stderr.splitlines() == [
         "dapo sweep rm: error: argument ID: 'zero' is not an integer (see `dapo sweep rm --help`)"
     ]
@@ -187,21 +170,19 @@ def test_config_prints_the_resolved_arm_and_its_diff(capsys: pytest.CaptureFixtu
 
 
 def test_config_bad_arm_is_one_line(tmp_path: Path) -> None:
-    line = one_error_line(dapo("config", "--arm", "nosuch", env={}))
+    line = one_error_line(dapo("config", "--arm", "nosuch"))
     assert line == (
         "error: unknown arm 'nosuch': choose one of grpo, overlong_filter, clip_higher, "
         "soft_punish, token_loss, dapo"
     )
-    assert "unknown ladder" in one_error_line(
-        dapo("config", "--arm", "x", "--ladder", "zz", env={})
-    )
+    assert "unknown ladder" in one_error_line(dapo("config", "--arm", "x", "--ladder", "zz"))
 
 
 def test_train_with_no_such_data_leaves_no_directory(tmp_path: Path) -> None:
-    done = dapo("train", "--data", "nosuch", "--steps", "1", env={}, cwd=tmp_path)
+    done = dapo("train", "--data", "nosuch", "--steps", "1", cwd=tmp_path)
     line = one_error_line(done)
     assert line.startswith("error: unknown data set 'nosuch'")
     assert list(tmp_path.iterdir()) == []  # no runs/, no run directory
     # an --out given inside a directory that exists: only what the run made goes
-    done = dapo("train", "--data", "nosuch", "--out", str(tmp_path / "a" / "b"), env={})
+    done = dapo("train", "--data", "nosuch", "--out", str(tmp_path / "a" / "b"))
     assert done.returncode == 2 and list(tmp_path.iterdir()) == []

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dapo_cli import dapo
 
 from dapo_core import real_model
 from dapo_core.train.checkpoint import check_checkpoint
@@ -22,14 +21,6 @@ from dapo_core.train.checkpoint import check_checkpoint
 from .test_conversion import _gguf, _model_copy, _one_line
 
 pytestmark = pytest.mark.realmodel
-ROOT = Path(__file__).resolve().parents[2]
-DAPO = str(Path(sys.executable).parent / "dapo")
-
-
-def _dapo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DAPO, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
-    )
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -117,7 +108,7 @@ def test_dapo_sweep_refuses_a_bad_model_before_a_sweep_row_exists(
     else:
         model = ["--model", str(_broken_model(real_dir, tmp_path / "model", fault))]
         says = SAYS[fault]
-    done = _dapo(env, "sweep", "--preset", "smollm2-135m", "--arms", "grpo", "--quiet", *model)
+    done = dapo("sweep", "--preset", "smollm2-135m", "--arms", "grpo", "--quiet", *model, env=env)
     line = _one_line(done)
     assert line.startswith("error: ") and says in line, line
     _no_sweep_written(env, tmp_path)
@@ -130,7 +121,7 @@ def test_dapo_sweep_checks_the_chat_template_only_where_the_prompts_need_it(
     # check there, and the sweep stops at the next mistake (a data file that is not there).
     path = _broken_model(real_dir, tmp_path / "model", "no-chat-template")
     env = _env(tmp_path)
-    done = _dapo(env, "sweep", "--arms", "grpo", "--model", str(path), "--data", "./nope.jsonl")
+    done = dapo("sweep", "--arms", "grpo", "--model", str(path), "--data", "./nope.jsonl", env=env)
     line = _one_line(done)
     assert "nope.jsonl does not exist" in line, line
     _no_sweep_written(env, tmp_path)
@@ -170,7 +161,7 @@ def test_dapo_eval_refuses_a_bad_checkpoint_model_before_loading_it(
         step = _checkpoint(real_dir, tmp_path / "run", fault)
         says = SAYS[fault]
     before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "run").rglob("*"))
-    line = _one_line(_dapo(env, "eval", "--ckpt", str(tmp_path / "run"), "--problems", "1"))
+    line = _one_line(dapo("eval", "--ckpt", str(tmp_path / "run"), "--problems", "1", env=env))
     assert line.startswith("error: ") and says in line, line
     if fault != "sharded-not-converted":
         assert str(step / "model") in line, line
