@@ -11,10 +11,11 @@ or Prefect.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -26,6 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from dapo_common.cli_args import USER_ERRORS
+from dapo_common.util import first_line
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.setup.ladders import (
     BUILTIN_LADDERS,
@@ -185,8 +188,9 @@ class SweepParams(BaseModel):
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="dotted config overrides, e.g. {'batch.train_batch_size': 8}; a value "
-        "given as text is read as its field's type, as with --set ('0.28' for a number)",
+        description='dotted config overrides as JSON, e.g. {"batch.train_batch_size": 8, '
+        '"algo.clip_high": 0.28}; a value given as text is read as its field\'s type, as '
+        'with --set ("0.28" for a number)',
     )
     store_url: str | None = Field(
         None, description="SQLAlchemy URL of the store (default: $DAPO_DB_URL or SQLite)"
@@ -380,6 +384,9 @@ class ArmParams(BaseModel):
     """One (arm, seed) of an existing sweep; what the dashboard's rerun button sends."""
 
     model_config = ConfigDict(extra="forbid")
+    # A served sweep starts its arms with this model's JSON, nulls included: the arm's form
+    # (takes) keeps null valid beside its plain defaults.
+    FORM_NULLABLE: ClassVar[bool] = True
 
     sweep_id: int = Field(
         ..., ge=1, description="the sweep this arm belongs to (its parameters define the config)"
@@ -426,6 +433,7 @@ class EvalParams(BaseModel):
     """Evaluate one stored run's latest checkpoint on an eval set."""
 
     model_config = ConfigDict(extra="forbid")
+    FORM_NULLABLE: ClassVar[bool] = True  # as ArmParams': callers may send its JSON's nulls
 
     run_id: int = Field(
         ..., ge=1, description="the store's run id (see the dashboard's run page or `dapo table`)"
@@ -444,28 +452,51 @@ class EvalParams(BaseModel):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def takes(model: type[BaseModel], *extra: tuple[str, Any, Any, str]) -> Callable[[F], F]:
+def takes(
+    model: type[BaseModel], *extra: tuple[str, Any, Any, str], nullable: bool = False
+) -> Callable[[F], F]:
     """Give a flow function (`def flow(**parameters)`) the fields of `model` as its signature,
     and their descriptions as its docstring's Args, before @flow reads both to build the
     deployment's form. `extra`: further (name, annotation, default, description) parameters.
 
     The fields are keyword-only, so Prefect passes every value by name into **parameters.
+
+    The form (issue 41.8): a field that is "None: the default" (`int | None = None`, `str |
+    None = None`) is a plain integer or text box whose own value means the default (form_unset:
+    "" for text, one below the least value for a number), so that nobody must switch a field
+    from None to its type before typing; the flow function gets None for it, as before, so a
+    sweep's stored parameters and its configs do not change. `nullable` keeps null accepted
+    too (the arm's and the evaluation's forms, which a served sweep fills with nulls). What
+    passes the form's schema but not the flow's checks ends the flow run in one line (Failed,
+    no traceback; USER_ERRORS), as `dapo` does on a terminal.
     """
+    nullable = nullable or bool(getattr(model, "FORM_NULLABLE", False))
     parameters = []
     docs = []
-    for name, field in model.model_fields.items():
-        default = (
+    unset: dict[str, Any] = {}
+    rows = [
+        (
+            name,
+            field.annotation,
             inspect.Parameter.empty
             if field.is_required()
-            else field.get_default(call_default_factory=True)
+            else field.get_default(call_default_factory=True),
+            field.description or name.replace("_", " "),
+            _least(name, field),
         )
-        parameters.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation
-            )
-        )
-        docs.append((name, field.description or name.replace("_", " ")))
-    for name, annotation, default, description in extra:
+        for name, field in model.model_fields.items()
+    ]
+    rows += [(n, a, d, text, _least(n, None)) for n, a, d, text in extra]
+    for name, declared, declared_default, description, least in rows:
+        annotation: Any = declared
+        default: Any = declared_default
+        form = form_unset(declared, declared_default, least)
+        if form is not None:
+            kind, unset[name] = form
+            annotation, default = (kind | None) if nullable else kind, unset[name]
+            shown = repr(unset[name]) if isinstance(unset[name], int) else "empty"
+            meaning = "means that default" if "default" in description else "means none"
+            description = f"{description}; {shown} {meaning}"
         parameters.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
@@ -479,11 +510,69 @@ def takes(model: type[BaseModel], *extra: tuple[str, Any, Any, str]) -> Callable
         # One line per argument: griffe keeps a wrapped description's line breaks, and the
         # form would show them.
         args = "\n".join(f"    {name}: {text[0].upper()}{text[1:]}." for name, text in docs)
-        fn.__signature__ = signature  # type: ignore[attr-defined]
-        fn.__doc__ = f"{summary}\n\nArgs:\n{args}\n"
-        return fn
+
+        @functools.wraps(fn)
+        def flow_fn(**given: Any) -> Any:
+            for name, value in unset.items():
+                if type(given.get(name)) is type(value) and given[name] == value:
+                    given[name] = None
+            try:
+                return fn(**given)
+            except USER_ERRORS as exc:
+                return user_error(exc)
+
+        flow_fn.__signature__ = signature  # type: ignore[attr-defined]
+        flow_fn.__doc__ = f"{summary}\n\nArgs:\n{args}\n"
+        flow_fn.form_unset = dict(unset)  # type: ignore[attr-defined]  # what means "not given"
+        return flow_fn  # type: ignore[return-value]
 
     return apply
+
+
+def form_unset(annotation: Any, default: Any, least: int | None) -> tuple[type, Any] | None:
+    """(the form's type, the value that means "not given") of an `X | None = None` parameter:
+    (str, "") for text; (int, least − 1) for a number whose least accepted value is known.
+    None for anything else (kept as it is)."""
+    import types
+    import typing
+
+    if default is not None or typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(kinds) != 1 or len(typing.get_args(annotation)) != 2:
+        return None
+    if kinds[0] is str:
+        return str, ""
+    if kinds[0] is int and least is not None:
+        return int, least - 1
+    return None
+
+
+def _least(name: str, field: Any) -> int | None:
+    """The least value an integer parameter accepts: its sweep_fields row's minimum, its
+    field's `ge`, or 1 for an id (the store's ids count from 1)."""
+    if name in SWEEP_FIELD:
+        return SWEEP_FIELD[name].minimum
+    for item in getattr(field, "metadata", ()):
+        ge = getattr(item, "ge", None)
+        if isinstance(ge, int):
+            return ge
+    return 1 if name.endswith("_id") else None
+
+
+def user_error(exc: BaseException) -> Any:
+    """The flow run's end for a user's mistake that got past the form: Failed with Prefect's
+    own message (`Flow run encountered an exception: ValueError: ...`, what every reader of a
+    state expects) and one error line in its log, instead of the engine's logged traceback.
+    The exception stays the state's result (`dapo arm` re-raises a RunHeld from it)."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+    from prefect.states import Failed
+
+    line = f"{type(exc).__name__}: {first_line(exc)}"
+    with contextlib.suppress(MissingContextError):  # a flow function called outside a run
+        get_run_logger().error(line)
+    return Failed(message=f"Flow run encountered an exception: {line}", data=exc)
 
 
 def validate(model: type[BaseModel], values: dict[str, Any]) -> Any:

@@ -42,9 +42,10 @@ def deployments() -> list[Any]:
 
     common: dict[str, Any] = {
         "entrypoint_type": EntrypointType.MODULE_PATH,
-        # The flows check their parameters themselves and fail the run with one line naming
-        # the field; the server's schema check would refuse the run with a 422 instead.
-        "enforce_parameter_schema": False,
+        # The server checks a run's parameters against the form's schema when it is created (a
+        # number typed as text never starts a run; the form says so at Submit); what passes
+        # the schema and not the flows' own checks ends the run in one line (params.takes).
+        "enforce_parameter_schema": True,
         "tags": ["dapo"],
     }
     return [
