@@ -399,3 +399,19 @@ def test_no_batch_is_made_past_the_last_step() -> None:
     # Two steps, two batches, whatever the interleaving: none made for a step 3 that never
     # comes, though k = 3 would let the worker run three batches ahead.
     assert engine.calls == 2
+
+
+# --- the ladder ------------------------------------------------------------------------------------
+def test_the_staleness_ladder_is_dapo_with_async_rollouts_at_0_1_2_4() -> None:
+    from dapo_common.util import flatten
+    from dapo_core.setup.ladders import BUILTIN_LADDERS, builtin_ladder, paper_ladder
+
+    assert "staleness" in BUILTIN_LADDERS
+    ladder = builtin_ladder("staleness")
+    assert ladder.names == ("staleness=0", "staleness=1", "staleness=2", "staleness=4")
+    assert [r["parent"] for r in ladder.rows()] == [None, *ladder.names[:-1]]
+    dapo = flatten(paper_ladder().config("dapo").to_dict())
+    for name, k in zip(ladder.names, (0, 1, 2, 4), strict=True):
+        cfg = flatten(ladder.config(name).to_dict())
+        changed = {key: v for key, v in cfg.items() if dapo[key] != v and key != "arm"}
+        assert changed == {"rollout.mode": "async", "rollout.max_staleness": k}, name

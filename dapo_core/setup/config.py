@@ -167,7 +167,7 @@ class RolloutConfig:
     sampling with the newest weights it has received while the trainer updates; docs/async.md)."""
     max_staleness: int = 1
     """async only: policy versions (rollout steps) a sample may lag the weights that train it;
-    0 is exactly the sync run (verl's staleness_threshold, TRL's max_staleness)."""
+    0 is exactly the sync run (TRL's max_staleness; docs/config_names.md)."""
 
     def __post_init__(self) -> None:
         _check_finite(self, "rollout")

@@ -63,6 +63,7 @@ BUILTIN_LADDERS: tuple[str, ...] = (
     "estimators",
     "trust-region",
     "entropy-tokens",
+    "staleness",
 )
 """Ladders shipped in dapo_core/setup/ladders/<name>.toml; `paper` is the DAPO paper's Table 1."""
 
