@@ -98,6 +98,13 @@ DISPLAY: dict[str, Display] = {
     M.OLD_LOGPROB_S: Display("old log-prob time", SECONDS),
     M.UPDATE_S: Display("update time", SECONDS),
     M.STEP_S: Display("step time", SECONDS),
+    M.TRAIN_TOKENS_PER_S: Display("trainer throughput", "tokens/s"),
+    M.ROLLOUT_IDLE_S: Display("rollout worker idle", SECONDS),
+    M.TRAINER_IDLE_S: Display("trainer idle, waiting for rollouts", SECONDS),
+    # staleness of the trained samples (policy versions behind; docs/async.md)
+    M.STALENESS_MEAN: Display("mean sample staleness", "versions"),
+    M.STALENESS_MAX: Display("largest sample staleness", "versions"),
+    M.STALE_DROPPED: Display("samples dropped as too stale", COUNT),
     # evaluation (k is the run's: held_out names it)
     M.EVAL_AVG_AT_K: _share("held-out avg@k"),
     M.EVAL_PASS_AT_K: _share("held-out pass@k"),
@@ -113,6 +120,9 @@ def display(metric: str) -> Display:
         return found
     if metric.startswith(M.PEAK_MEM_PREFIX):
         return Display(f"peak memory, {metric.removeprefix(M.PEAK_MEM_PREFIX)}", GIB)
+    if metric.startswith(M.STALENESS_LAG_PREFIX):
+        lag = metric.removeprefix(M.STALENESS_LAG_PREFIX)
+        return Display(f"samples {lag} versions behind", COUNT)
     if metric.startswith(M.TIME_PREFIX) and metric.endswith("_s"):
         rest = metric.removeprefix(M.TIME_PREFIX).removesuffix("_s")
         worker, _, phase = rest.rpartition("/")

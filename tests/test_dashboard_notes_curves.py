@@ -103,9 +103,15 @@ def test_key_columns_come_first() -> None:
     signature = ["arm", "parent", "changes", "metric", "first 10", "last 10", "Δ parent"]
     signature += ["Δ parent, first 10"]
     assert layout.signature_order(signature) == [
-        "arm", "metric", "Δ parent", "Δ parent, first 10", "last 10", "first 10", "parent",
+        "arm",
+        "metric",
+        "Δ parent",
+        "Δ parent, first 10",
+        "first 10",
+        "last 10",
+        "parent",
         "changes",
-    ]  # fmt: skip
+    ]  # fmt: skip: the first window first, as in the CLI
 
 
 # --- the app -----------------------------------------------------------------------------------

@@ -330,8 +330,13 @@ def test_the_flow_signature_is_the_models_fields() -> None:
     doc = flow_fn.__doc__ or ""
     assert doc.startswith("Summary line.\n\nArgs:\n")
     # The description is the sweep_fields row's, naming the key it sets.
-    assert "    steps: Rollout steps per run (default: the preset's run.steps).\n" in doc
-    assert "    sweep_id: An existing sweep.\n" in doc
+    # A number field's default is one value below the least accepted, which the form can hold
+    # (no None toggle), and the description says so.
+    assert (
+        "    steps: Rollout steps per run (default: the preset's run.steps); 0 means that default.\n"
+        in doc
+    )
+    assert "    sweep_id: An existing sweep; 0 means none.\n" in doc
     arm_signature = inspect.signature(takes(ArmParams)(lambda **kw: kw))
     assert "extend" in arm_signature.parameters
     assert arm_signature.parameters["sweep_id"].default is inspect.Parameter.empty
