@@ -1,0 +1,109 @@
+"""Async rollouts against sync: step time and trainer throughput of one arm, in one run.
+
+    python bench/bench_async.py [--preset tiny] [--arm dapo] [--steps 8] [--rounds 2]
+                                [--staleness 1] [--threads 2]
+
+Runs `dapo train` on the same arm, seed and steps with rollout.mode=sync and with
+rollout.mode=async at max_staleness k, alternating for `rounds` rounds (sync, async, sync,
+async, ...), each a fresh process with `threads` torch threads, and reads each run's own
+metrics (metrics.jsonl): the mean step time after the first step (the first builds the
+engines), the trainer's idle time waiting for rollouts, the trainer's throughput
+(perf/train_tokens_per_s) and the realised staleness. Per mode the best round is kept: on a
+shared machine other work only ever slows a round down. The ratio async/sync of the step time
+is the figure: below 1 the overlap pays.
+
+On a CPU both sides share the same cores (the worker is a thread of the trainer's process with
+its own engine), so what overlaps is only what one side leaves idle; on a GPU node the rollout
+engine has a device of its own and the overlap is the point. The held-out evaluations are off
+(data.eval_every=0) so that both modes time only their steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dapo() -> str:
+    here = Path(sys.executable).with_name("dapo")
+    return str(here) if here.exists() else "dapo"
+
+
+def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
+    """One `dapo train` run; its metrics summarised."""
+    sets = ["data.eval_every=0", f"run.num_threads={args.threads}"]
+    if mode == "async":
+        sets += ["rollout.mode=async", f"rollout.max_staleness={args.staleness}"]
+    cmd = [_dapo(), "train", "--preset", args.preset, "--arm", args.arm, "--steps", str(args.steps)]
+    cmd += ["--seed", "0", "--out", str(out), "--no-resume", "--quiet"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    rows = [json.loads(line)["metrics"] for line in (out / "metrics.jsonl").open()]
+    later = rows[1:] or rows
+    return {
+        "wall_s": wall,
+        "step_s": statistics.fmean(r["time/step_s"] for r in later),
+        "trainer_idle_s": statistics.fmean(r.get("time/trainer_idle_s", 0.0) for r in later),
+        "train_tokens_per_s": statistics.fmean(r["perf/train_tokens_per_s"] for r in later),
+        "staleness_mean": statistics.fmean(r.get("staleness/mean", 0.0) for r in later),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--arm", default="dapo")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.steps < 2 or args.rounds < 1 or args.staleness < 0 or args.threads < 1:
+        print(
+            "error: --steps >= 2, --rounds >= 1, --staleness >= 0, --threads >= 1", file=sys.stderr
+        )
+        return 2
+    print(
+        f"{args.preset}/{args.arm}, {args.steps} steps, async k={args.staleness} against sync, "
+        f"{args.rounds} round(s), {args.threads} thread(s); {platform.processor() or platform.machine()}, "
+        f"load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    results: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        for r in range(args.rounds):
+            for mode in ("sync", "async"):
+                got = run_once(args, mode, Path(tmp) / f"{mode}-{r}")
+                results[mode].append(got)
+                print(
+                    f"round {r + 1} {mode:5s}: step {got['step_s']:.2f} s, trainer idle "
+                    f"{got['trainer_idle_s']:.2f} s/step, trainer {got['train_tokens_per_s']:.0f} "
+                    f"tokens/s, staleness {got['staleness_mean']:.2f}, wall {got['wall_s']:.0f} s",
+                    flush=True,
+                )
+    best = {mode: min(rows, key=lambda x: x["step_s"]) for mode, rows in results.items()}
+    ratio = best["async"]["step_s"] / best["sync"]["step_s"]
+    print(
+        f"best step time: sync {best['sync']['step_s']:.2f} s, async {best['async']['step_s']:.2f} s; "
+        f"async/sync {ratio:.2f} (below 1: the overlap pays); load after {os.getloadavg()[0]:.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
