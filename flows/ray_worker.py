@@ -292,10 +292,12 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def training_actor(run_id: int) -> Any | None:
+def training_actor(run_id: int, probe_timeout_s: float = PROBE_TIMEOUT_S) -> Any | None:
     """The actor training store run `run_id`: rank 0 of a multi-worker group (named after the
     run), or a pooled single-worker actor of any driver (pooled actors are named `dapo-slot-*`
-    and say which run they train); None when no live actor trains it."""
+    and say which run they train); None when no live actor trains it, or when none answered
+    within `probe_timeout_s` (a training actor on a loaded machine can take longer than the
+    default's few seconds)."""
     with contextlib.suppress(ValueError):
         return ray.get_actor(plan.actor_name(run_id), namespace=plan.ACTOR_NAMESPACE)
     for entry in ray.util.list_named_actors(all_namespaces=True):
@@ -304,7 +306,7 @@ def training_actor(run_id: int) -> Any | None:
             continue
         with contextlib.suppress(Exception):
             actor = ray.get_actor(name, namespace=plan.ACTOR_NAMESPACE)
-            if ray.get(actor.current_run.remote(), timeout=PROBE_TIMEOUT_S) == run_id:
+            if ray.get(actor.current_run.remote(), timeout=probe_timeout_s) == run_id:
                 return actor
     return None
 

@@ -413,5 +413,7 @@ def test_the_staleness_ladder_is_dapo_with_async_rollouts_at_0_1_2_4() -> None:
     dapo = flatten(paper_ladder().config("dapo").to_dict())
     for name, k in zip(ladder.names, (0, 1, 2, 4), strict=True):
         cfg = flatten(ladder.config(name).to_dict())
-        changed = {key: v for key, v in cfg.items() if dapo[key] != v and key != "arm"}
-        assert changed == {"rollout.mode": "async", "rollout.max_staleness": k}, name
+        changed = {key for key, v in cfg.items() if dapo[key] != v and key != "arm"}
+        # max_staleness's default is 1: at k = 1 only the mode differs from dapo's config
+        assert changed <= {"rollout.mode", "rollout.max_staleness"}, name
+        assert (cfg["rollout.mode"], cfg["rollout.max_staleness"]) == ("async", k), name

@@ -347,7 +347,9 @@ from flows import ray_worker
 import ray
 
 ray_worker.connect()
-actor = ray_worker.training_actor(int(sys.argv[1]))
+# a pooled actor answers which run it trains between its training's kernels: on a loaded
+# machine that can take longer than the default probe's few seconds
+actor = ray_worker.training_actor(int(sys.argv[1]), probe_timeout_s=120.0)
 if actor is None:
     sys.exit(f"no live actor trains run {sys.argv[1]}")
 pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=300)
