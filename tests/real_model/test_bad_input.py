@@ -93,6 +93,8 @@ def test_dapo_sweep_refuses_a_bad_model_before_a_sweep_row_exists(
     gguf = tmp_path / "model.gguf"
     if fault == "not-converted":  # the pinned name on a machine without `make real-model`
         env["DAPO_CACHE_DIR"] = str(tmp_path / "empty-cache")
+        # offline: the command may not convert it on first use, so it must refuse
+        env["HF_HUB_OFFLINE"] = "1"
         says = "make real-model"
     elif fault == "missing-gguf":
         model, says = ["--model", str(gguf)], "does not exist"
@@ -156,6 +158,7 @@ def test_dapo_eval_refuses_a_bad_checkpoint_model_before_loading_it(
     if fault == "sharded-not-converted":
         step = _checkpoint(real_dir, tmp_path / "run", "sharded")
         env["DAPO_CACHE_DIR"] = str(tmp_path / "empty-cache")
+        env["HF_HUB_OFFLINE"] = "1"  # no conversion on first use: the refusal
         says = "make real-model"
     else:
         step = _checkpoint(real_dir, tmp_path / "run", fault)
