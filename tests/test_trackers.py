@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_runs import new_attempt
 
 from dapo_common import metric_names as M
 from dapo_core.setup.config import ConfigError, ExperimentConfig
@@ -459,6 +458,10 @@ def test_a_tracker_failing_in_training_leaves_the_store_complete(
         "run.loggers": ["tensorboard"],
     }
     cfg = paper_ladder().config("grpo", "tiny", overrides)
+    # here, not at the top: the trackers-marked test of this module runs in .venv-trackers,
+    # which has no store (db/) dependencies
+    from store_runs import new_attempt
+
     run_id = new_attempt(
         store, sweep, "grpo", 0, config=cfg.to_dict(), config_hash=cfg.config_hash()
     )
@@ -503,6 +506,8 @@ def stored_sweep(tmp_path: Path) -> dict[str, Any]:
         ladder=paper_ladder().rows(),
         params={"ladder": "paper"},
     )
+    from store_runs import new_attempt
+
     runs = {}
     for i, arm in enumerate(("grpo", "clip_higher")):
         cfg = paper_ladder().config(arm, "tiny", {"run.steps": 3})
