@@ -191,7 +191,9 @@ def test_rollout_groups_page_stays_short(
     page.goto(f"{served.base}/rollouts?run={served.groups_run}")
     page.wait_for(["Rollouts", "Groups"])
     assert page.evaluate(CLICK.format(text="Groups"))
-    text = settle(page, ["16 group(s) stored: 6 mixed, 5 all right, 5 all wrong", "Page (of 8)"])
+    # the legend is drawn after the counts (at a load of 4 it was not there yet): wait for it too
+    needles = ["16 group(s) stored: 6 mixed, 5 all right, 5 all wrong", "Page (of 8)"]
+    text = settle(page, [*needles, "the token's update step"])
     assert "None" not in text.split("16 group(s) stored")[1]
     # the legend reads its apostrophe, escaped once
     legend = page.evaluate("document.querySelector('.dapo-legend').textContent")
