@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo_core.data import arithmetic, explore, lookup, synthetic
+from dapo_core.data.answer import ANSWER_PREFIX
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -76,8 +77,6 @@ MAX_PARQUET_BYTES = 2 * 1024**3
 PARQUET_BATCH_ROWS = 1_024
 
 TEMPLATES: tuple[str, ...] = ("dapo", "chat", "raw", "chat-answer", "raw-answer")
-ANSWER_PREFIX = "Answer: "
-"""`chat-answer` begins the assistant's reply with this in the prompt (dapo_core.data.arithmetic)."""
 SUFFIXES: tuple[str, ...] = (".jsonl", ".jsonl.gz", ".parquet")
 DATA_DIR_ENV = "DAPO_DATA_DIR"
 

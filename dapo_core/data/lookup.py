@@ -45,6 +45,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from dapo_core.data.answer import ANSWER_PREFIX
+
 TASK_VERSION = 1
 """Bump when the table, the prompt text, the demonstrator or the coin change: it keys the
 warm-start cache of the `tiny-lookup` model (with the rates below)."""
@@ -150,8 +152,6 @@ def demonstrations(n: int, seed: int) -> list[tuple[str, str]]:
     the labels' sampling noise: 1,200 supervised steps left the tiny model at chance (P(right)
     0.134 with a gentler DECAY; docs/mechanisms.md). The prompt carries the `raw-answer` template's `Answer: `, so the
     warm start and RL see the same tokens."""
-    from dapo_core.data.loaders import ANSWER_PREFIX
-
     rng = random.Random(f"dapo-lookup-demo-{seed}")
     block = [
         (t.text + ANSWER_PREFIX, symbol)
