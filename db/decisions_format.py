@@ -10,8 +10,10 @@ from collections.abc import Sequence
 
 from dapo_common.text import fit, hidden_note, wrapped
 from db import power
+from db.cells import MISSING, estimate_text, pct
+from db.cells import aligned as _aligned
+from db.cells import markdown as _markdown
 from db.decisions import Comparison
-from db.table_format import MISSING, _aligned, _markdown, estimate_text, pct
 
 CAPTION = (
     "Comparisons: Δ = A − B paired by seed, in pp [95% t-interval]; p = exact paired sign-flip "

@@ -21,24 +21,22 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dapo_common.text import fit, hidden_note, terminal_width, wrapped
 from dapo_common.util import duration
 from db import power, stats
+from db.cells import MISSING, SIGNIFICANT_RULE, estimate_text, pct
+from db.cells import aligned as _aligned
+from db.cells import escape as _escape
+from db.cells import markdown as _markdown
+from db.cells import missing as _missing
 
 if TYPE_CHECKING:  # pandas is imported by the caller; `dapo --help` need not pay for it
     import pandas as pd
 
 FORMATS = ("text", "csv", "markdown")
-MISSING = "—"
-SIGNIFICANT = "*"  # after a difference the exact paired sign-flip test calls real at 5%
-# What the mark means, in every caption: the exact test, not the t-interval, decides it, and it
-# cannot fire below 6 seeds (smallest p 2/2^n: 0.0625 at 5).
-SIGNIFICANT_RULE = f"{SIGNIFICANT} = exact paired sign-flip p < 0.05 (possible from 6 seeds on)"
-# Columns whose cells are numbers (right-aligned in text and Markdown).
-_LEFT = {"arm", "adds", "parent", "status"}
 SINGLE_NOTE = "n=1: no intervals (one seed; the n column says how many seeds each arm has)"
 # The Prefect artifacts' order: which arm, whether it is done, over how many seeds, its score
 # and its Δ to the parent; then the other Δs and the context, the seeds, the bookkeeping, and
@@ -48,17 +46,6 @@ ARTIFACT_REST = ("Δ base", "gain", "start", "parent")
 ARTIFACT_LAST = ("adds",)
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def pct(value: Any, signed: bool = False) -> str:
-    """A fraction as percent with one decimal ('43.0', '+5.0'), '—' when missing."""
-    if _missing(value):
-        return MISSING
-    return f"{100.0 * float(value):{'+' if signed else ''}.1f}"
-
-
 def count(value: Any) -> str:
     return MISSING if _missing(value) else f"{float(value):,.0f}"
 
@@ -66,37 +53,6 @@ def count(value: Any) -> str:
 def seed_list(table: pd.DataFrame) -> list[int]:
     """Every seed with a score in some arm, sorted."""
     return sorted({int(s) for seeds in table["seeds"] for s in (seeds or [])})
-
-
-def estimate_text(
-    estimate: stats.Estimate | None,
-    *,
-    signed: bool = False,
-    n_expected: int | None = None,
-    number: Callable[[float], str] | None = None,
-    bare_single: bool = False,
-) -> str:
-    """A mean and its 95% interval in percent: '43.0 [38.2, 47.8]'; a difference also gets
-    ' *' when the exact paired test calls it real ('+5.0 [+1.2, +8.8] *', Estimate.significant). One value: '44.0 (n=1, no
-    interval)', so a single seed never reads as a certain number; with `bare_single` (a table
-    that says SINGLE_NOTE once) just '44.0'. When fewer values went in than the row has seeds
-    (a difference over the seeds two arms share), '(n=2)' says so, bare or not.
-    `number` writes each value (default: a fraction in percent, signed when `signed`)."""
-    if estimate is None or estimate.n == 0 or _missing(estimate.mean):
-        return MISSING
-    num = number or (lambda x: pct(x, signed))
-    value = num(estimate.mean)
-    if bare_single and estimate.n == 1:
-        fewer = n_expected is not None and n_expected != 1
-        return f"{value} (n=1)" if fewer else value
-    if not estimate.has_interval:
-        return f"{value} (n={estimate.n}, no interval)"
-    text = f"{value} [{num(estimate.low)}, {num(estimate.high)}]"
-    if signed and estimate.significant:
-        text += f" {SIGNIFICANT}"
-    if n_expected is not None and estimate.n != n_expected:
-        text += f" (n={estimate.n})"
-    return text
 
 
 def share_text(share: Any) -> str:
@@ -241,38 +197,6 @@ def headline(lead: stats.Leader) -> str:
         f"[{pct(diff.low, True)}, {pct(diff.high, True)}] (paired over {diff.n} seeds, "
         f"exact {p_text(diff)})."
     )
-
-
-def _aligned(records: Sequence[Mapping[str, str]], left: Collection[str] = _LEFT) -> str:
-    columns = list(records[0])
-    widths = {c: max(len(c), *(len(r[c]) for r in records)) for c in columns}
-
-    def line(cells: Mapping[str, str]) -> str:
-        parts = [
-            cells[c].ljust(widths[c]) if c in left else cells[c].rjust(widths[c]) for c in columns
-        ]
-        return "  ".join(parts).rstrip()
-
-    header = line({c: c for c in columns})
-    rule = "  ".join("-" * widths[c] for c in columns)
-    return "\n".join([header, rule, *(line(r) for r in records)])
-
-
-def _escape(text: str) -> str:
-    """Markdown-safe: the significance mark '*' must not open or close emphasis."""
-    return text.replace("*", "\\*")
-
-
-def _markdown(records: Sequence[Mapping[str, str]], left: Collection[str] = _LEFT) -> str:
-    columns = list(records[0])
-
-    def cell(text: str) -> str:
-        return _escape(text).replace("|", "\\|")
-
-    head = "| " + " | ".join(columns) + " |"
-    align = "|" + "|".join(":---" if c in left else "---:" for c in columns) + "|"
-    body = ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in records]
-    return "\n".join([head, align, *body])
 
 
 def _csv(table: pd.DataFrame) -> str:
