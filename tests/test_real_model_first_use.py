@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dapo_cli import dapo
 
 from dapo_core import real_model
 from dapo_core.models import prepare_policy
 from dapo_core.setup.config import ModelConfig
 
-DAPO = str(Path(sys.executable).parent / "dapo")
 EXTRA_MISSING = bool(real_model.missing_extra())
 
 
@@ -36,10 +34,14 @@ def _want_line() -> str:
 
 def test_dapo_train_says_in_one_line_what_the_first_use_needs(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = subprocess.run(
-        [DAPO, "train", "--preset", "smollm2-135m", "--steps", "1", "--out", str(out)],
-        capture_output=True,
-        text=True,
+    done = dapo(
+        "train",
+        "--preset",
+        "smollm2-135m",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
         env=_env(tmp_path),
         cwd=tmp_path,
         timeout=300,
@@ -54,19 +56,14 @@ def test_dapo_train_says_in_one_line_what_the_first_use_needs(tmp_path: Path) ->
 
 
 def test_dapo_sweep_checks_the_first_use_before_a_sweep_exists(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            DAPO,
-            "sweep",
-            "--preset",
-            "smollm2-135m",
-            "--arms",
-            "grpo",
-            "--store",
-            f"sqlite:///{tmp_path / 'store.db'}",
-        ],
-        capture_output=True,
-        text=True,
+    done = dapo(
+        "sweep",
+        "--preset",
+        "smollm2-135m",
+        "--arms",
+        "grpo",
+        "--store",
+        f"sqlite:///{tmp_path / 'store.db'}",
         env=_env(tmp_path, DAPO_RUNS_DIR=str(tmp_path / "runs")),
         cwd=tmp_path,
         timeout=300,

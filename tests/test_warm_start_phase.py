@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dapo_cli import DAPO, dapo
 
 from flows.warm import on_this_machine
 
-DAPO = str(Path(sys.executable).parent / "dapo")
 SMALL = [
     "--set=model.warm_start_steps=4",
     "--set=rollout.group_size=4",
@@ -89,10 +88,13 @@ def test_dapo_train_warm_starts_before_its_run_and_a_cached_model_says_nothing(
     tmp_path: Path,
 ) -> None:
     def train(out: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [DAPO, "train", "--steps", "1", *SMALL, "--out", str(tmp_path / out)],
-            capture_output=True,
-            text=True,
+        return dapo(
+            "train",
+            "--steps",
+            "1",
+            *SMALL,
+            "--out",
+            str(tmp_path / out),
             env=_env(tmp_path),
             cwd=tmp_path,
             timeout=600,
@@ -114,10 +116,14 @@ def test_dapo_train_warm_starts_before_its_run_and_a_cached_model_says_nothing(
 
 def test_cpus_beyond_this_machine_fail_before_ray_or_the_store(tmp_path: Path) -> None:
     store = tmp_path / "store.db"
-    done = subprocess.run(
-        [DAPO, "sweep", "--cpus", "4096", "--arms", "grpo", "--store", f"sqlite:///{store}"],
-        capture_output=True,
-        text=True,
+    done = dapo(
+        "sweep",
+        "--cpus",
+        "4096",
+        "--arms",
+        "grpo",
+        "--store",
+        f"sqlite:///{store}",
         env=_env(tmp_path),
         cwd=tmp_path,
         timeout=300,
