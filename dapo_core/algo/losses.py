@@ -55,6 +55,7 @@ import torch
 from torch import Tensor
 
 from dapo_common import metric_names as M
+from dapo_core.algo.loss_params import LossParams  # re-exported: the losses take it
 
 Count = int | float | Tensor
 
@@ -320,62 +321,6 @@ class LossInputs:
     clip_c: float | None  # dual-clip bound c (DPPO: the IS truncation; None → 20)
     weights: Tensor | None = None  # constant rollout-correction weights, or None
     selected: Tensor | None = None  # bool, covariance-selected tokens (see batch_selection)
-
-
-@dataclass(frozen=True)
-class LossParams:
-    """The knobs of the loss modes beyond the clip range, by verl's (and TRL's) names; each mode
-    reads its own. Defaults are verl 0.9.1's (`actor.policy_loss.*`, `actor.tau_*`) and TRL
-    1.16's (`vespo_*`)."""
-
-    clip_cov_ratio: float = 2e-4
-    """clip_cov: share of the loss tokens to detach (at least one)."""
-    clip_cov_lb: float = 1.0
-    """clip_cov: a token is a candidate when its covariance term lies in (lb, ub)."""
-    clip_cov_ub: float = 5.0
-    """clip_cov: upper end of the candidates' covariance band."""
-    kl_cov_ratio: float = 2e-4
-    """kl_cov: share of the loss tokens (those of highest covariance) given the KL penalty."""
-    ppo_kl_coef: float = 0.1
-    """kl_cov: coefficient of the |log r| penalty on the selected tokens."""
-    tau_pos: float = 1.0
-    """sapo: gate temperature where A > 0."""
-    tau_neg: float = 1.05
-    """sapo: gate temperature where A ≤ 0."""
-    dro_beta: float | None = None
-    """dro: the quadratic log-ratio penalty β > 0 (verl has no default: required for dro)."""
-    vespo_k_pos: float = 2.0
-    """vespo: power k of the Gamma weight where A ≥ 0."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: decay λ of the Gamma weight where A ≥ 0."""
-    vespo_k_neg: float = 3.0
-    """vespo: power k where A < 0."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: decay λ where A < 0."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            (0 < self.clip_cov_ratio <= 1, f"clip_cov_ratio={self.clip_cov_ratio}: use (0, 1]"),
-            (
-                self.clip_cov_lb < self.clip_cov_ub,
-                f"clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}",
-            ),
-            (0 < self.kl_cov_ratio <= 1, f"kl_cov_ratio={self.kl_cov_ratio}: use (0, 1]"),
-            (self.ppo_kl_coef >= 0, f"ppo_kl_coef={self.ppo_kl_coef}: must be >= 0"),
-            (self.tau_pos > 0 and self.tau_neg > 0, "tau_pos and tau_neg must be > 0"),
-            (
-                self.dro_beta is None or self.dro_beta > 0,
-                f"dro_beta={self.dro_beta}: must be > 0 (or unset)",
-            ),
-            (self.vespo_k_pos >= 0 and self.vespo_k_neg >= 0, "vespo_k_* must be >= 0"),
-            (
-                self.vespo_lambda_pos > 0 and self.vespo_lambda_neg > 0,
-                "vespo_lambda_* must be > 0",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
 
 
 class PolicyLoss(Protocol):

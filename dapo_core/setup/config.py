@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dapo_core.algo.loss_params import LossParams
 from dapo_core.setup.overrides import TOP_LEVEL, type_value
 
 LOSS_AGGS: tuple[str, ...] = (
@@ -200,7 +201,11 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class AlgoConfig:
+class AlgoConfig(LossParams):
+    """The algorithm's knobs. The loss modes' own (clip_cov_ratio … vespo_lambda_neg) are
+    inherited from dapo_core.algo.losses.LossParams, so the trainer hands this section to the
+    loss as it is, with one set of defaults and one set of checks."""
+
     clip_low: float = 0.2
     """ε_low of the decoupled clip (Eq. 10)."""
     clip_high: float = 0.2
@@ -252,30 +257,6 @@ class AlgoConfig:
     """Cap of the TIS weight, MIS's bound, the sequence mask's C_max or the decoupled weight's cap."""
     entropy_coef: float = 0.0
     """Entropy bonus: loss − coef · mean entropy of the response tokens (0: off, as in DAPO)."""
-    clip_cov_ratio: float = 2e-4
-    """clip_cov: share of the loss tokens whose gradient is detached (verl's default 2e-4)."""
-    clip_cov_lb: float = 1.0
-    """clip_cov: tokens are drawn among those whose Cov(log π, A) term exceeds this."""
-    clip_cov_ub: float = 5.0
-    """clip_cov: ... and is below this."""
-    kl_cov_ratio: float = 2e-4
-    """kl_cov: share of the loss tokens, those of largest Cov(log π, A), given the |log r| penalty."""
-    ppo_kl_coef: float = 0.1
-    """kl_cov: coefficient of that |log r| penalty (verl's default 0.1)."""
-    tau_pos: float = 1.0
-    """sapo: gate temperature of positive-advantage tokens (the paper's 1.0)."""
-    tau_neg: float = 1.05
-    """sapo: gate temperature of the other tokens (the paper's 1.05)."""
-    dro_beta: float | None = None
-    """dro: the quadratic log-ratio penalty β > 0; required with loss_mode=dro (no default)."""
-    vespo_k_pos: float = 2.0
-    """vespo: power k of the Gamma weight φ(w) = e^λ w^k e^{−λw} for A ≥ 0 (TRL's 2.0)."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: decay λ of the Gamma weight for A ≥ 0 (TRL's 3.0)."""
-    vespo_k_neg: float = 3.0
-    """vespo: power k for A < 0 (TRL's 3.0)."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: decay λ for A < 0 (TRL's 2.0)."""
     top_entropy_quantile: float = 1.0
     """Train only on this top share of loss tokens by entropy (80/20 rule, arXiv 2506.01939: 0.2); 1: all."""
     off_policy_mask_threshold: float | None = None
@@ -329,38 +310,13 @@ class AlgoConfig:
         )
         _check(self.rollout_is_cap > 1, "algo.rollout_is_cap must be > 1")
         _check(self.entropy_coef >= 0, "algo.entropy_coef must be >= 0")
-        for name in ("clip_cov_ratio", "kl_cov_ratio"):
-            share = getattr(self, name)
-            _check(0 < share <= 1, f"algo.{name}={share}: a share of the loss tokens in (0, 1]")
-        _check(
-            self.clip_cov_lb < self.clip_cov_ub,
-            f"algo.clip_cov_lb={self.clip_cov_lb} must be below algo.clip_cov_ub="
-            f"{self.clip_cov_ub}: the covariance band clip_cov draws its tokens from",
-        )
-        _check(self.ppo_kl_coef >= 0, f"algo.ppo_kl_coef={self.ppo_kl_coef} must be >= 0")
-        _check(
-            self.tau_pos > 0 and self.tau_neg > 0,
-            f"algo.tau_pos={self.tau_pos}, algo.tau_neg={self.tau_neg}: SAPO's temperatures must "
-            "be > 0",
-        )
-        _check(
-            self.dro_beta is None or self.dro_beta > 0,
-            f"algo.dro_beta={self.dro_beta} must be > 0 (or unset)",
-        )
+        # The loss modes' own knobs (LossParams, inherited) are checked where they are defined.
+        for problem in self.problems("algo."):
+            _check(False, problem)
         _check(
             self.loss_mode != "dro" or self.dro_beta is not None,
             "algo.loss_mode='dro' needs algo.dro_beta > 0, the weight of its quadratic log-ratio "
             "penalty (e.g. --set algo.dro_beta=0.1)",
-        )
-        _check(
-            self.vespo_k_pos >= 0 and self.vespo_k_neg >= 0,
-            f"algo.vespo_k_pos={self.vespo_k_pos}, algo.vespo_k_neg={self.vespo_k_neg}: VESPO's "
-            "powers must be >= 0",
-        )
-        _check(
-            self.vespo_lambda_pos > 0 and self.vespo_lambda_neg > 0,
-            f"algo.vespo_lambda_pos={self.vespo_lambda_pos}, algo.vespo_lambda_neg="
-            f"{self.vespo_lambda_neg}: VESPO's decays must be > 0",
         )
         _check(
             0 <= self.top_entropy_quantile <= 1,

@@ -212,20 +212,7 @@ class Updater:
         self.params = [p for p in fwd.model.parameters() if p.requires_grad]
         self.agg = get_aggregation(cfg.algo.loss_agg)
         a = cfg.algo
-        self.loss_params = LossParams(
-            clip_cov_ratio=a.clip_cov_ratio,
-            clip_cov_lb=a.clip_cov_lb,
-            clip_cov_ub=a.clip_cov_ub,
-            kl_cov_ratio=a.kl_cov_ratio,
-            ppo_kl_coef=a.ppo_kl_coef,
-            tau_pos=a.tau_pos,
-            tau_neg=a.tau_neg,
-            dro_beta=a.dro_beta,
-            vespo_k_pos=a.vespo_k_pos,
-            vespo_lambda_pos=a.vespo_lambda_pos,
-            vespo_k_neg=a.vespo_k_neg,
-            vespo_lambda_neg=a.vespo_lambda_neg,
-        )
+        self.loss_params: LossParams = a  # the config section is the loss modes' knobs
         # The covariance losses and the top-entropy filter choose tokens from statistics of the
         # whole mini-batch under the current policy: a look at it before its micro-batches.
         self.looks_ahead = a.loss_mode in COVARIANCE_MODES or a.top_entropy_quantile < 1.0
