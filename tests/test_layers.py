@@ -17,6 +17,7 @@ nothing is told apart from a tree that has nothing to find.
 from __future__ import annotations
 
 import ast
+import graphlib
 import sys
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -252,6 +253,24 @@ def transitive_violations(
     return bad
 
 
+def import_cycle(imports: Sequence[Import], modules: set[str]) -> list[str]:
+    """One cycle of module imports, as the modules around it (empty when there is none). A cycle
+    works only while every module in it imports the others lazily or late; the first top-level
+    `from a import b` added to one of them fails at import time, far from the change that did it.
+    Each import counts as an arrow to the module the name lives in (`from a import b` to `a.b`
+    when that is a module, else to `a`)."""
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in imports:
+        target = _resolve(imp.name, modules)
+        if target is not None and target != imp.importer:
+            graph[imp.importer].add(target)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as cycle:
+        return list(cycle.args[1])
+    return []
+
+
 def violations(
     root: Path,
     packages: Sequence[str] = PACKAGES,
@@ -284,6 +303,12 @@ def test_every_package_is_in_the_rule() -> None:
 def test_the_project_keeps_its_layers() -> None:
     bad = violations(ROOT)
     assert not bad, "the layer rule is broken:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    modules, imports = import_graph(ROOT, PACKAGES)
+    cycle = import_cycle(imports, modules)
+    assert not cycle, "an import cycle: " + " -> ".join(cycle)
 
 
 def test_the_graph_is_read_whole() -> None:
@@ -417,3 +442,12 @@ def test_checker_allows_only_the_named_exception(tmp_path: Path) -> None:
         "ui reaches torch: ui.page -> web.flow -> core.train.step -> core.math.loss "
         "(core/math/loss.py:1)",
     ]
+
+
+def test_checker_finds_an_import_cycle_inside_a_package(tmp_path: Path) -> None:
+    tree = _fake_tree(tmp_path)
+    assert import_cycle(*_graph(tree)) == []
+    (tree / "core/math/names.py").write_text("def f():\n    from core.math import loss\n")
+    (tree / "core/math/loss.py").write_text("from core.math.names import LOSSES\n")
+    cycle = import_cycle(*_graph(tree))
+    assert set(cycle) == {"core.math.names", "core.math.loss"} and cycle[0] == cycle[-1]
