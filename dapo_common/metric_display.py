@@ -60,6 +60,7 @@ DISPLAY: dict[str, Display] = {
     M.CLIP_RATIO_LOW: _share("tokens clipped at 1 − ε_low"),
     M.CLIP_RATIO_DUAL: _share("tokens bounded by the dual clip"),
     M.CLIP_RATIO_HIGH_ELIGIBLE: _share("tokens that can reach 1 + ε_high"),
+    M.CLIP_RATIO_HIGH_DECISION: _share("decision tokens past 1 + ε_high (A > 0)"),
     # newer loss-variant metrics, by name (their constants are being added to metric_names)
     "clip_ratio/high_natural": _share("eligible tokens past 1 + ε_high, unclipped"),
     "ratio/max": Display("largest token ratio π_θ/π_old"),

@@ -31,6 +31,10 @@ CLIP_RATIO_HIGH_ELIGIBLE = "clip_ratio/high_eligible"
 # Of those eligible tokens, the share whose own (unclipped) token ratio passed 1 + eps_high over
 # the update, whatever the loss mode does with it: the natural upper tail the clip would cut.
 CLIP_RATIO_HIGH_NATURAL = "clip_ratio/high_natural"
+# At the task's decision positions only (see ENTROPY_DECISION): the share of their loss tokens
+# with A > 0 whose unclipped ratio passed 1 + eps_high over the update, i.e. where the vanilla
+# clip cuts the gradient; the mean over every token dilutes it with the near-certain rest.
+CLIP_RATIO_HIGH_DECISION = "clip_ratio/high_decision"
 RATIO_MAX = "ratio/max"  # the largest token ratio pi_theta / pi_old over the update's loss tokens
 # Loss tokens a covariance loss chose (clip_cov: gradient detached; kl_cov: KL-penalised).
 COV_SELECTED = "loss/cov_selected_share"

@@ -205,7 +205,7 @@ def mechanism_table(
         changes = _arm_changes(arm, parent, rung, config_of)
         focus = set(mechanisms.focus_metrics(changes))
         # a companion is about what its partner is about (the bound of the share it sits by)
-        focus |= {mechanisms.COMPANIONS[m] for m in focus if m in mechanisms.COMPANIONS}
+        focus |= {c for m in focus for c in mechanisms.COMPANIONS.get(m, ())}
         for name in names:
             mine = values.get((arm, name), {})
             firsts = {s: f for s, (f, _) in mine.items() if not math.isnan(f)}

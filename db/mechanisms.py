@@ -85,11 +85,11 @@ PERCENT: frozenset[str] = frozenset(
 # the task's decision tokens says where exploration happens, which the mean over every token
 # dilutes. Runs older than the eligible share, and tasks that name no decision tokens, have
 # neither: a column of dashes there would read as "measured and empty".
-COMPANIONS: dict[str, str] = {
-    M.CLIP_RATIO_HIGH: M.CLIP_RATIO_HIGH_ELIGIBLE,
-    M.ENTROPY_MEAN: M.ENTROPY_DECISION,
+COMPANIONS: dict[str, tuple[str, ...]] = {
+    M.CLIP_RATIO_HIGH: (M.CLIP_RATIO_HIGH_ELIGIBLE, M.CLIP_RATIO_HIGH_DECISION),
+    M.ENTROPY_MEAN: (M.ENTROPY_DECISION,),
 }
-WHEN_LOGGED: frozenset[str] = frozenset(COMPANIONS.values())
+WHEN_LOGGED: frozenset[str] = frozenset(m for ms in COMPANIONS.values() for m in ms)
 
 # Config key (dotted, as in the runs' stored config) -> the metrics its change is expected to
 # move, most telling first. The paper's reading of each technique (arXiv 2503.14476, §3):
@@ -144,9 +144,7 @@ def with_companions(metrics: Iterable[str]) -> tuple[str, ...]:
     out: list[str] = []
     for metric in asked:
         out.append(metric)
-        companion = COMPANIONS.get(metric)
-        if companion is not None and companion not in asked:
-            out.append(companion)
+        out.extend(c for c in COMPANIONS.get(metric, ()) if c not in asked)
     return tuple(out)
 
 

@@ -284,6 +284,7 @@ class DoseArm:
     clip_high_early: stats.Estimate  # clip_ratio/high over the first EARLY steps
     eligible_early: stats.Estimate  # clip_ratio/high_eligible, the same steps
     natural_early: stats.Estimate  # clip_ratio/high_natural, when the runs logged it
+    decision_early: stats.Estimate  # clip_ratio/high_decision, when the runs logged it
     ratio_max_early: stats.Estimate  # ratio/max (the step's largest token ratio), the same steps
     delta_updates: stats.Estimate  # − the parent's, paired by seed
     delta_area: stats.Estimate
@@ -365,9 +366,15 @@ def dose_response(
     table = ablation.ablation_table(engine, sweep_id)
     reach = efficiency.reach(engine, sweep_id, table, threshold)
     runs = _completed(engine, sweep_id)
-    names = [M.CLIP_RATIO_HIGH, M.CLIP_RATIO_HIGH_ELIGIBLE, M.CLIP_RATIO_HIGH_NATURAL, M.RATIO_MAX]
+    names = [
+        M.CLIP_RATIO_HIGH,
+        M.CLIP_RATIO_HIGH_ELIGIBLE,
+        M.CLIP_RATIO_HIGH_NATURAL,
+        M.RATIO_MAX,
+        M.CLIP_RATIO_HIGH_DECISION,
+    ]
     curves = _curves(engine, runs, names)
-    high, eligible, natural, ratio_max = (per_seed_mean(curves, n, early) for n in names)
+    high, eligible, natural, ratio_max, decision = (per_seed_mean(curves, n, early) for n in names)
     dataset = next((d for d in table["eval_dataset"] if isinstance(d, str)), None)
     k = next((int(v) for v in table["eval_k"] if not pd.isna(v)), None)
     curves_by = ablation.sweep_curves(engine, sweep_id, dataset, k) if dataset and k else {}
@@ -406,6 +413,7 @@ def dose_response(
                 clip_high_early=_estimate(high.get(arm, {})),
                 eligible_early=_estimate(eligible.get(arm, {})),
                 natural_early=_estimate(natural.get(arm, {})),
+                decision_early=_estimate(decision.get(arm, {})),
                 ratio_max_early=_estimate(ratio_max.get(arm, {})),
                 delta_updates=(
                     got.delta_parent["updates"] if got is not None and parent else stats.EMPTY
@@ -784,6 +792,11 @@ def dose_records(dose: Dose) -> list[dict[str, str]]:
                         ),
                     }
                     if any(b.natural_early.n for b in dose.arms)
+                    else {}
+                ),
+                **(
+                    {f"at the decision, first {dose.early} (%)": _pct2(a.decision_early)}
+                    if any(b.decision_early.n for b in dose.arms)
                     else {}
                 ),
             }

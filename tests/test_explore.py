@@ -23,7 +23,7 @@ from dapo_core.models import TINY_TASKS, build_tiny_tokenizer
 from dapo_core.setup.architectures import TINY_MODELS, resolve_architecture
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.setup.presets import preset_config
-from dapo_core.train.update import decision_sums
+from dapo_core.train.update import decision_clip_counts, decision_sums
 
 F64 = torch.float64
 
@@ -164,6 +164,21 @@ def test_decision_sums_hand_computed() -> None:
     assert decision_sums(ent, mask, (3,)) == (0.0, 0.0)
 
 
+def test_decision_clip_counts_hand_computed() -> None:
+    # Ratios at position 0: e^0.3 = 1.35 (A > 0: past 1.28), e^0.2 = 1.22 (A > 0: not past),
+    # e^0.3 again with A < 0 (the upper clip does not bind), and a masked row past it.
+    # At ε_high = 0.28: 1 of 3 loss tokens; at 0.1 (1.105): 2 of 3; position 1 only row 0's
+    # e^1 = 2.72 with A > 0 counts; position 5 lies past every row.
+    new = torch.tensor([[0.3, 1.0], [0.2, 0.0], [0.3, 0.0], [0.9, 0.0]])
+    old = torch.zeros(4, 2)
+    adv = torch.tensor([1.0, 0.5, -1.0, 2.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    assert decision_clip_counts(new, old, adv, mask, (0,), clip_high=0.28) == (1.0, 3.0)
+    assert decision_clip_counts(new, old, adv, mask, (0,), clip_high=0.1) == (2.0, 3.0)
+    assert decision_clip_counts(new, old, adv, mask, (0, 1), clip_high=0.28) == (2.0, 4.0)
+    assert decision_clip_counts(new, old, adv, mask, (5,), clip_high=0.28) == (0.0, 0.0)
+
+
 # --- two steps of the preset ----------------------------------------------------------------------
 class _Sink:
     """An in-memory MetricsSink."""
@@ -205,3 +220,4 @@ def test_two_steps_of_the_preset_train_and_log_both_metrics(tmp_path: Path) -> N
         assert 0.0 <= m[M.CLIP_RATIO_HIGH] <= m[M.CLIP_RATIO_HIGH_ELIGIBLE] <= 1.0
         # The entropy at the fork, over a 100-token vocabulary: in (0, log 100).
         assert 0.0 < m[M.ENTROPY_DECISION] < math.log(100)
+        assert 0.0 <= m[M.CLIP_RATIO_HIGH_DECISION] <= 1.0

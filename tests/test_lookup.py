@@ -264,6 +264,9 @@ def test_two_steps_through_the_trainer(tmp_path: Path, data: str) -> None:
         # token is about half the decision's.
         assert m[M.ENTROPY_MEAN] < 0.6 * m[M.ENTROPY_DECISION]
         assert 0.0 <= m[M.CLIP_RATIO_HIGH] <= m[M.CLIP_RATIO_HIGH_ELIGIBLE] <= 0.5
+        # The upper clips of the vanilla loss on this task are at the decision (EOS is
+        # near-certain, not eligible), fewer tokens than all: its share is the larger.
+        assert m[M.CLIP_RATIO_HIGH] <= m[M.CLIP_RATIO_HIGH_DECISION] <= 1.0
     first = sink.metrics[1]
     if data == "lookup-coin":  # rewards ±1 by the coin: about as many +1 as −1
         assert abs(first[M.SCORE_MEAN]) < 0.35

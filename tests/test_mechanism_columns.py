@@ -75,6 +75,10 @@ def test_default_metrics_put_each_companion_beside_its_partner_when_logged() -> 
     shown = mechanisms.default_metrics(logged)
     i = shown.index(M.CLIP_RATIO_HIGH)
     assert shown[i + 1] == M.CLIP_RATIO_HIGH_ELIGIBLE
+    assert M.CLIP_RATIO_HIGH_DECISION not in shown  # not logged: no row of dashes
+    both = mechanisms.default_metrics([*logged, M.CLIP_RATIO_HIGH_DECISION])
+    k = both.index(M.CLIP_RATIO_HIGH)
+    assert both[k + 1 : k + 3] == (M.CLIP_RATIO_HIGH_ELIGIBLE, M.CLIP_RATIO_HIGH_DECISION)
     j = shown.index(M.ENTROPY_MEAN)
     assert shown[j + 1] == M.ENTROPY_DECISION
     assert shown[-1] == M.IS_MASKED_FRAC  # a focus metric the runs logged comes last

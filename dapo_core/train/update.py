@@ -86,6 +86,10 @@ class Counts:
     cov_selected: float = 0.0
     off_policy_masked: float = 0.0
     entropy_kept: float = 0.0
+    # At the task's decision positions, on every loss pass: the loss tokens, and those with
+    # A > 0 whose ratio passed 1 + ε_high (decision_clip_counts).
+    decision_loss_tokens: float = 0.0
+    decision_clip_high: float = 0.0
 
     def add(self, other: Counts) -> None:
         for f in fields(self):
@@ -145,7 +149,14 @@ class UpdateStats:
         def frac(x: float, n: float) -> float:
             return x / n if n else math.nan
 
-        extra = {} if self.decision_entropy is None else {M.ENTROPY_DECISION: self.decision_entropy}
+        extra = (
+            {}
+            if self.decision_entropy is None
+            else {
+                M.ENTROPY_DECISION: self.decision_entropy,
+                M.CLIP_RATIO_HIGH_DECISION: frac(c.decision_clip_high, c.decision_loss_tokens),
+            }
+        )
         return {
             M.POLICY_LOSS: self.policy_loss,
             M.KL_LOSS: self.kl_loss,
@@ -695,9 +706,13 @@ class Updater:
                 strict=True,
             ):
                 traces[key] = trace
-        dec_sum = dec_n = 0.0
+        dec_sum = dec_n = dec_clip = dec_tokens = 0.0
         if fill and self.decision:  # like entropy_sum: this pass stands in for the old pass
             dec_sum, dec_n = decision_sums(ent.detach(), loss_mask, self.decision)
+        if self.decision:
+            dec_clip, dec_tokens = decision_clip_counts(
+                lp.detach(), old, adv, loss_mask, self.decision, clip_high=a.clip_high
+            )
         counts.add(
             Counts(
                 tokens=lc.tokens,
@@ -715,6 +730,8 @@ class Updater:
                 cov_selected=lc.selected,
                 off_policy_masked=n_off_policy,
                 entropy_kept=n_entropy_kept,
+                decision_loss_tokens=dec_tokens,
+                decision_clip_high=dec_clip,
             )
         )
         return torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64), olds
@@ -909,6 +926,31 @@ def decision_sums(entropy: Tensor, mask: Tensor, positions: Sequence[int]) -> tu
         return 0.0, 0.0
     m = mask[:, cols].float()
     return float((entropy[:, cols] * m).sum()), float(m.sum())
+
+
+def decision_clip_counts(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    positions: Sequence[int],
+    *,
+    clip_high: float,
+) -> tuple[float, float]:
+    """(tokens with A > 0 whose ratio r = π_θ / π_θold passed 1 + ε_high, loss tokens) at the
+    given response positions: `logprobs`, `old_logprobs` and `mask` `[B, T]`, `advantages` `[B]`
+    (one per sequence). Where A > 0 and r > 1 + ε_high, DAPO's Eq. 10 takes the clipped term
+    and the token's gradient is 0 (the vanilla loss); the comparison is in log space,
+    log r > log(1 + ε_high), like clip_eligible's. Why apart from clip_ratio/high: on a task
+    whose decision is one token in many, the share over every token hides whether the clip
+    acted where the reward is decided."""
+    cols = [t for t in positions if t < logprobs.shape[1]]
+    if not cols:
+        return 0.0, 0.0
+    m = mask[:, cols].bool()
+    up = (logprobs[:, cols] - old_logprobs[:, cols]) > math.log1p(clip_high)
+    high = m & up & (advantages[:, None] > 0)
+    return float(high.sum()), float(m.sum())
 
 
 def weight_share(agg: Aggregation, token_counts: Sequence[int], chosen: Sequence[bool]) -> float:
