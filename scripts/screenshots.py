@@ -13,7 +13,8 @@ two looks in a row. No fixed sleep: a page that never gets there is an error aft
 
 --run first runs the 3-seed ladder (the `tiny-ladder` entry of scripts/docs_tables.toml, about
 16 min on 2 cores) into a fresh store under --work, then shoots its sweep. Writes dashboard.png
-(the ablation table) and curves.png into --out.
+(the ablation table) and curves.png into --out; with --all also the other pages (sweeps,
+mechanisms, runs, run, compare, rollouts), e.g. into tests/artifacts to look at a change.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class Shot:
 PAGES = (
     Shot("dashboard.png", "", ("Ablation ladder",), min_tables=1),
     Shot("curves.png", "curves", ("acc/mean",), min_charts=1),
+)
+# --all: every other page, for looking at what a change to the dashboard did (the docs show
+# only the two above). Each waits for its title and what it draws on the sweep's first screen.
+MORE_PAGES = (
+    Shot("sweeps.png", "sweeps", ("Sweeps",), min_tables=1),
+    Shot("mechanisms.png", "mechanisms", ("Mechanisms", "Each arm's signature"), min_tables=1),
+    Shot("runs.png", "runs", ("Runs",), min_tables=1),
+    Shot("run.png", "run", ("Run", "What this arm changes")),
+    Shot("compare.png", "compare", ("Compare two runs", "Config diff")),
+    Shot("rollouts.png", "rollouts", ("Rollouts",)),
 )
 
 # What the page shows now, for the elements in the viewport (what a screenshot holds). Streamlit
@@ -161,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="with --run: where its store and runs go")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="where the PNGs go")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per page")
+    parser.add_argument(
+        "--all", action="store_true", help="every page of the dashboard, not only the docs' two"
+    )
     args = parser.parse_args(argv)
     import docs_tables
 
@@ -179,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 env["DAPO_RUNS_DIR"] = str(work / "runs")
             docs_tables.run_sweeps([ladder], store_url, env)
             sweep = docs_tables.find_sweep(store_url, ladder.sweep_name)
-        shoot(resolve_url(store_url), args.out, sweep=sweep, timeout_s=args.timeout)
+        pages = PAGES + MORE_PAGES if args.all else PAGES
+        shoot(resolve_url(store_url), args.out, sweep=sweep, pages=pages, timeout_s=args.timeout)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

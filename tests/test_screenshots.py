@@ -105,3 +105,12 @@ def test_ready_means_every_table_and_chart_in_view_is_drawn(
         "text": "Ablation ladder ...",
     }
     assert shots.is_ready({**state, **change}, shots.PAGES[0]) is ready
+
+
+def test_every_page_the_script_shoots_is_a_page_of_the_app() -> None:
+    # --all shoots each page by its url_path: a renamed page would be shot as the default one.
+    app = (ROOT / "dashboard/app.py").read_text()
+    for shot in (*shots.PAGES, *shots.MORE_PAGES):
+        assert shot.path == "" or f'url_path="{shot.path}"' in app, shot
+    files = [s.file for s in (*shots.PAGES, *shots.MORE_PAGES)]
+    assert len(set(files)) == len(files)
