@@ -21,7 +21,8 @@ from .conftest import MULTIBYTE_PROBLEMS, RealSweep
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-pytestmark = [pytest.mark.realmodel, pytest.mark.browser]
+# One pytest-xdist worker for both: they share the session's one real-model sweep.
+pytestmark = [pytest.mark.realmodel, pytest.mark.browser, pytest.mark.xdist_group("real_sweep")]
 
 # Opens the first sample's expander (a <details>): its prompt and response are then drawn, so
 # that the screenshot shows them (the text is in the page either way).

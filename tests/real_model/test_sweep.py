@@ -17,7 +17,8 @@ import pytest
 
 from .conftest import MULTIBYTE_PROBLEMS, RealSweep
 
-pytestmark = pytest.mark.realmodel
+# One pytest-xdist worker for both: they share the session's one real-model sweep.
+pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("real_sweep")]
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 
