@@ -147,9 +147,9 @@ real-model: $(STAMP)
 	bash scripts/setup_smollm2.sh
 
 # The tests look for the conversion where `make real-model` put it (tests/conftest.py would point
-# DAPO_CACHE_DIR at the tiny model's test cache otherwise). Two pytest-xdist workers, a module
-# each (its xdist_group; the sweep's two modules share one): the tests train on one thread, so
-# one worker left a core idle.
+# DAPO_CACHE_DIR at the tiny model's test cache otherwise). Two pytest-xdist workers, whole
+# modules each (the module fixtures, the session's one sweep: every test of it is in
+# test_sweep.py): the tests train on one thread, so one worker left a core idle.
 test-real-model: real-model
 	DAPO_CACHE_DIR="$$($(BIN)/python -c 'from dapo_core.cache import cache_root; print(cache_root())')" \
-	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=20 -m realmodel tests/real_model
+	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 -m realmodel tests/real_model

@@ -20,7 +20,7 @@ from dapo_core.train.checkpoint import check_checkpoint
 
 from .test_conversion import _gguf, _model_copy, _one_line
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("test_bad_input")]
+pytestmark = pytest.mark.realmodel
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

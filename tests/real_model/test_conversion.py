@@ -15,7 +15,7 @@ import pytest
 
 from dapo_core import real_model
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("test_conversion")]
+pytestmark = pytest.mark.realmodel
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 

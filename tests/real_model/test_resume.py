@@ -33,11 +33,7 @@ if __package__:
 else:  # run as a script by the two-rank test, its own folder first on sys.path
     from conftest import TRAIN_SETS, set_args
 
-pytestmark = [
-    pytest.mark.realmodel,
-    pytest.mark.timeout(900),
-    pytest.mark.xdist_group("test_resume"),
-]
+pytestmark = [pytest.mark.realmodel, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 

@@ -23,7 +23,7 @@ from dapo_core.train.logprobs import (
 )
 from dapo_core.train.rollout import Group, Rollout, ShapedReward
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("test_tokenizer")]
+pytestmark = pytest.mark.realmodel
 PROBLEM = Problem("What is 17 + 25?", "42", "arithmetic", 0)
 
 

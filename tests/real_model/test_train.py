@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import TRAIN_SETS, set_args
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.xdist_group("test_train")]
+pytestmark = pytest.mark.realmodel
 ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 
