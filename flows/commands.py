@@ -301,6 +301,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if params.resources.gpus > 0:  # the plan needs the cluster's GPU memory
         ray_worker.connect(params.ray_address)
     preflight(params.ray_address, params.resources, [job.config for job in jobs])
+    check_cluster_fit(params.ray_address, params.resources)
     from flows import warm
 
     # The one-time phase (the tiny model's warm start, the real model's conversion), here and
@@ -393,6 +394,7 @@ def cmd_arm(args: argparse.Namespace) -> int:
     if resources.gpus > 0:  # the plan needs the cluster's GPU memory
         ray_worker.connect(address)
     preflight(address, resources, [config])
+    check_cluster_fit(address, resources)
     from flows import warm
 
     # As cmd_sweep: before the arm, with the threads its actor gets.
@@ -536,6 +538,18 @@ def start_services(
         ray_worker.prewarm(resources, plan.concurrency(cluster, resources, arms))
     if server is not None:
         server.wait_ready()
+
+
+def check_cluster_fit(address: str | None, resources: Any) -> None:
+    """An arm bigger than the Ray cluster the command joins (--ray-address or $RAY_ADDRESS):
+    one line before the one-time phase, which can take minutes (a tiny model's first warm
+    start on a loaded machine took 10), not after it (start_services checks again, for the
+    local instance it starts)."""
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        return  # a local instance: check_local_fit, then start_services once Ray has counted
+    from flows import plan, ray_worker
+
+    plan.check_fits(ray_worker.connect(address), resources)
 
 
 def check_local_fit(address: str | None, resources: Any) -> None:
