@@ -8,7 +8,6 @@ training. Skipped when Chromium is missing, except under CI (as tests/test_dashb
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,8 +15,7 @@ from types import ModuleType
 import dashboard_fixtures as fx
 import pytest
 from PIL import Image
-
-from dashboard.browser import find_browser
+from test_dashboard_browser import find_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
@@ -33,16 +31,6 @@ def _load_script() -> ModuleType:
 
 
 shots = _load_script()
-
-
-def find_chromium() -> None:
-    """Skip without a browser, but fail under CI, where `make` installs it."""
-    if find_browser():
-        return
-    message = "headless Chromium is not installed (apt-get install -y chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; it is required when CI is set")
-    pytest.skip(message)
 
 
 def dark_share(png: Path, box: list[float]) -> float:

@@ -203,7 +203,7 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class AlgoConfig(LossParams):
     """The algorithm's knobs. The loss modes' own (clip_cov_ratio … vespo_lambda_neg) are
-    inherited from dapo_core.algo.losses.LossParams, so the trainer hands this section to the
+    inherited from dapo_core.algo.loss_params.LossParams, so the trainer hands this section to the
     loss as it is, with one set of defaults and one set of checks."""
 
     clip_low: float = 0.2

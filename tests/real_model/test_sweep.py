@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_dashboard_browser import ARTIFACTS, find_chromium
 
 from dashboard import browser
 
@@ -28,7 +28,6 @@ from .conftest import MULTIBYTE_PROBLEMS, RealSweep
 # One module, so that `make test-real-model`'s workers (a module each) run the sweep once.
 pytestmark = pytest.mark.realmodel
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
 DAPO = str(Path(sys.executable).parent / "dapo")
 
 
@@ -158,16 +157,6 @@ def _wait_until(page: browser.Page, expression: str, timeout_s: float = 60) -> N
     raise TimeoutError(f"the page did not settle in {timeout_s:g} s: {expression}")
 
 
-def _chromium() -> str:
-    path = browser.find_browser()
-    if path:
-        return path
-    message = "headless Chromium is not installed (apt-get install -y chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; it is required when CI is set")
-    pytest.skip(message)
-
-
 @pytest.mark.browser
 def test_the_rollout_browser_shows_the_real_models_text(
     real_sweep: RealSweep, tmp_path: Path
@@ -175,7 +164,7 @@ def test_the_rollout_browser_shows_the_real_models_text(
     from db import reads
     from db.engine import get_engine
 
-    exe = _chromium()
+    exe = find_chromium()
     assert real_sweep.done.returncode == 0, real_sweep.done.stderr[-3000:]
     engine = get_engine(real_sweep.store_url)
     (run_id,) = [int(r) for r in reads.runs_of_sweep(engine, 1)["run_id"]]
