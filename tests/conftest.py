@@ -29,6 +29,11 @@ if _WORKER:
     # starts migrating one SQLite file at once would race (a plain run keeps $PREFECT_HOME).
     _home = os.environ.get("PREFECT_HOME") or str(ROOT / ".cache" / "test-prefect-home")
     os.environ["PREFECT_HOME"] = str(Path(_home) / _WORKER)
+    # One torch thread per test process: two workers at torch's default of one thread per core
+    # ran four threads on two cores, and the oversubscribed kernels took 1.35x as long (six
+    # trainer modules, 84 s against 62 s, 2026-11-29). The commands and trainings a test starts
+    # inherit it; Ray actors and gloo workers still set the threads their CPUs grant.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # --- the two databases of the store tests ----------------------------------------------------
 # Every store test runs against a SQLite file and a real PostgreSQL server (127.0.0.1:5432,
@@ -144,6 +149,40 @@ def pytest_configure(config: pytest.Config) -> None:
         "e2e: an end-to-end flow run (Prefect deployments and workers, Ray actors, dapo sweep / "
         "arm training): make test-e2e, which .ci/run runs after make test",
     )
+
+
+# --- the longest modules first ------------------------------------------------------------------
+# `make test` hands whole files to its two workers in collection order, one at a time as each
+# worker frees up. In alphabetical order a module of minutes came last and ran alone while the
+# other core idled (the last 10% of one run took 7 of its 19 minutes, 2026-11-29). Longest first
+# is the classic schedule for that: these modules took 40 s or more of a worker each in that run
+# (`--durations=0`, summed per file); the rest keep their order after them.
+LONGEST_FIRST = (
+    "test_flows_cli.py",
+    "test_distributed_runs.py",
+    "test_plan.py",
+    "test_async_workers.py",
+    "test_warm_start_phase.py",
+    "test_flows_ray.py",
+    "test_distributed.py",
+    "test_gpu_fixes_engines.py",
+    "test_flows_arm_lease.py",
+    "test_dashboard_rerun_confirm.py",
+    "test_load_once.py",
+    "test_lookup.py",
+    "test_async_runs.py",
+    "test_annotations.py",
+    "test_update_variants.py",
+    "test_checkpoint_retention.py",
+    "test_gpu_check.py",
+    "test_local_server.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # sorted() is stable: a module's own tests keep their order (their module fixtures rely on it).
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # --- one warm Ray per test process for the flow tests ------------------------------------------
