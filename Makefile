@@ -26,10 +26,11 @@ help:
 	@echo "make test-rayjobs  arms as Ray jobs on a real Ray head with its job server (adoption after a killed submitter included)"
 
 # torch first, from the CPU wheel on disk: an unpinned torch would pull a multi-GB CUDA build.
+# scripts/venv_install.sh installs with uv (seconds), or pip where uv cannot (minutes).
 $(STAMP): pyproject.toml constraints.txt requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -c requirements.lock -e '.[dev,trackers]'
+	bash scripts/venv_install.sh $(VENV) --quiet torch==2.13.0
+	bash scripts/venv_install.sh $(VENV) --quiet -c constraints.txt -c requirements.lock -e '.[dev,trackers]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -13,6 +13,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 "$BIN/python" -c "import gguf, accelerate" 2>/dev/null || \
-  "$BIN/pip" install --quiet --disable-pip-version-check -c constraints.txt -c requirements.lock \
-    -e '.[dev,real]'
+  bash scripts/venv_install.sh .venv --quiet -c constraints.txt -c requirements.lock -e '.[dev,real]'
 exec "$BIN/python" -m dapo_core.real_model "$@"

@@ -5,7 +5,7 @@
 # Moves to the repository root and ends the calling script at once (exit 0) when VENV is
 # finished: its .installed stamp holds VERSION (default: nothing). Otherwise creates VENV with
 # $PY (default python3) and defines what the script installs with:
-#   pip_install ARGS...  VENV's pip, quiet about its own version
+#   pip_install ARGS...  `pip install ARGS` into VENV (scripts/venv_install.sh: uv, or pip)
 #   cpu_torch            torch first, from the CPU wheel: anything unpinned would pull a
 #                        multi-GB CUDA build
 #   finish               writes the stamp and says "VENV is ready (WHAT)"
@@ -21,7 +21,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VERSION" ]; then
 fi
 test -x "$VENV/bin/python" || "${PY:-python3}" -m venv "$VENV"
 
-pip_install() { "$VENV/bin/pip" install --disable-pip-version-check "$@"; }
+pip_install() { bash scripts/venv_install.sh "$VENV" "$@"; }
 cpu_torch() { pip_install torch==2.13.0; }
 finish() {
   if [ -n "$VERSION" ]; then echo "$VERSION"; fi >"$STAMP"
