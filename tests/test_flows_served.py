@@ -341,20 +341,39 @@ def test_the_eval_deployment_scores_a_stored_checkpoint(
 # --- a killed actor ----------------------------------------------------------------------------
 # A driver of its own joins the Ray the arm trains on, finds the run's actor and kills it
 # (ray.kill: no restart in place; the flow's retry starts a new actor); prints the actor's pid.
+# Connected to Ray before the arm starts, it waits for the run's first checkpoint with metrics and
+# kills the actor training it at once: a killer started only after the test saw the checkpoint
+# needed seconds to import and connect, and on a quiet machine the run had finished by then
+# ("no live actor trains run 5", 2026-11-29).
 KILL_ACTOR = """
-import os, sys
+import os, sys, time
 from flows import ray_worker
 import ray
+from dapo_core.train.run_dir import latest_step
+from db import reads
+from db.store import Store
 
+store, sweep_id, arm = Store(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 ray_worker.connect()
+deadline = time.monotonic() + float(sys.argv[4])
+while True:
+    latest = store.latest_attempt(sweep_id, arm, 0)
+    run_dir = latest.get("checkpoint_dir") if latest else None
+    step = latest_step(run_dir) if run_dir else None
+    if step and not reads.metric_curves(store.engine, [int(latest["run_id"])]).empty:
+        break
+    if time.monotonic() > deadline:
+        sys.exit("no checkpoint with metrics in time")
+    time.sleep(0.1)  # a poll of the store, not a wait for timing
+run_id = int(latest["run_id"])
 # a pooled actor answers which run it trains between its training's kernels: on a loaded
 # machine that can take longer than the default probe's few seconds
-actor = ray_worker.training_actor(int(sys.argv[1]), probe_timeout_s=120.0)
+actor = ray_worker.training_actor(run_id, probe_timeout_s=120.0)
 if actor is None:
-    sys.exit(f"no live actor trains run {sys.argv[1]}")
+    sys.exit(f"no live actor trains run {run_id} (checkpoint at step {step})")
 pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=300)
 ray.kill(actor)
-print(pid, flush=True)
+print(run_id, pid, step, run_dir, flush=True)
 ray_worker.shutdown()
 """
 
@@ -363,40 +382,28 @@ ray_worker.shutdown()
 def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(served: Served) -> None:
     from db import reads
 
-    steps = 8
+    steps = 12
     params = validate(
         SweepParams, {"arms": ["token_loss"], "seeds": [0], "steps": steps, "overrides": FAST}
     )
     st = store(served)
     sweep_id = stored_sweep(st, params, "kill test")
+    killer = subprocess.Popen(
+        [sys.executable, "-c", KILL_ACTOR, served.store_url, str(sweep_id), "token_loss", "1200"],
+        env={**os.environ, **served.ray.client_env()},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     flow_run_id = served.trigger(
         "ablation-arm/dapo-arm", {"sweep_id": sweep_id, "arm": "token_loss", "seed": 0}
     )
-
-    def checkpointed() -> tuple[int, str, int] | None:
-        latest = st.latest_attempt(sweep_id, "token_loss", 0)
-        if latest is None or not latest.get("checkpoint_dir"):
-            return None
-        step = latest_step(latest["checkpoint_dir"])
-        has_metrics = not reads.metric_curves(st.engine, [int(latest["run_id"])]).empty
-        return (
-            (int(latest["run_id"]), latest["checkpoint_dir"], step)
-            if step and has_metrics
-            else None
-        )
-
-    run_id, run_dir, step = wait_for(checkpointed, "the first checkpoint", log=served.log)
+    out, err = killer.communicate(timeout=1500)
+    assert killer.returncode == 0, err[-3000:]
+    run_id_text, pid_text, step_text, run_dir = out.split()[-4:]
+    run_id, pid, step = int(run_id_text), int(pid_text), int(step_text)
     assert step < steps, "the run finished before it could be killed: give it more steps"
-    killer = subprocess.run(
-        [sys.executable, "-c", KILL_ACTOR, str(run_id)],
-        env={**os.environ, **served.ray.client_env()},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert killer.returncode == 0, killer.stderr[-3000:]
-    pid = int(killer.stdout.split()[-1])
     # ray.kill returns before the actor's process is gone: it went on to write a later step's
     # checkpoint after the look below (seen under load: the retry resumed step 3, which the
     # look had missed). Look once the process has exited, so that the look holds every
