@@ -537,7 +537,9 @@ def test_every_estimator_is_finite_and_zero_on_empty_responses(
         assert bool((adv == 0).all())
 
 
-def _whiten_tol(values: torch.Tensor, lengths: torch.Tensor, a: float, b: float) -> dict[str, float]:
+def _whiten_tol(
+    values: torch.Tensor, lengths: torch.Tensor, a: float, b: float
+) -> dict[str, float]:
     """How far whitening a·v + b can be from whitening v, from the ε = 1e-8 that verl's
     whitening adds to the variance s² and to the token count n of the mean: relatively
     sqrt((s² + ε) / (s² + ε / a²)), at most ε·|1/a² − 1| / (2 s²) from 1; absolutely the
