@@ -155,27 +155,31 @@ def pytest_configure(config: pytest.Config) -> None:
 # `make test` hands whole files to its two workers in collection order, one at a time as each
 # worker frees up. In alphabetical order a module of minutes came last and ran alone while the
 # other core idled (the last 10% of one run took 7 of its 19 minutes, 2026-11-29). Longest first
-# is the classic schedule for that: these modules took 40 s or more of a worker each in that run
-# (`--durations=0`, summed per file); the rest keep their order after them.
+# is the classic schedule for that: these modules took 27-107 s of a worker each, in this order
+# (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them.
 LONGEST_FIRST = (
-    "test_flows_cli.py",
     "test_distributed_runs.py",
-    "test_plan.py",
+    "test_flows_cli.py",
     "test_async_workers.py",
-    "test_warm_start_phase.py",
-    "test_flows_ray.py",
-    "test_distributed.py",
-    "test_gpu_fixes_engines.py",
+    "test_db_cli.py",
     "test_flows_arm_lease.py",
     "test_dashboard_rerun_confirm.py",
+    "test_dashboard_pages_browser.py",
+    "test_plan.py",
+    "test_warm_start_phase.py",
     "test_load_once.py",
-    "test_lookup.py",
-    "test_async_runs.py",
     "test_annotations.py",
-    "test_update_variants.py",
+    "test_async_runs.py",
+    "test_small_fixes_41.py",
+    "test_distributed.py",
+    "test_flows_ray.py",
     "test_checkpoint_retention.py",
-    "test_gpu_check.py",
-    "test_local_server.py",
+    "test_dashboard_app.py",
+    "test_db_concurrency.py",
+    "test_cli_tables.py",
+    "test_dashboard_layout.py",
+    "test_artifact_layout.py",
+    "test_runner.py",
 )
 
 

@@ -451,3 +451,12 @@ def test_checker_finds_an_import_cycle_inside_a_package(tmp_path: Path) -> None:
     (tree / "core/math/loss.py").write_text("from core.math.names import LOSSES\n")
     cycle = import_cycle(*_graph(tree))
     assert set(cycle) == {"core.math.names", "core.math.loss"} and cycle[0] == cycle[-1]
+
+
+def test_the_suites_longest_first_list_names_modules_that_exist() -> None:
+    # conftest.LONGEST_FIRST orders `make test`'s files; a renamed module would silently fall
+    # back to alphabetical order and leave a core idle at the end again.
+    from conftest import LONGEST_FIRST
+
+    tests = Path(__file__).parent
+    assert [name for name in LONGEST_FIRST if not (tests / name).is_file()] == []
