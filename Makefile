@@ -81,7 +81,7 @@ TEST_WORKERS ?= 2
 SIDE_SUITES = not vllm and not reference and not cluster and not realmodel and not trackers and not rayjobs
 test: $(STAMP) system-deps
 	@mkdir -p .cache; ( $(LINT) ) > .cache/lint.log 2>&1 & lint=$$!; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 \
 	  -m "not e2e and $(SIDE_SUITES)"; tests=$$?; \
 	wait $$lint; linted=$$?; cat .cache/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)"; \
@@ -90,7 +90,7 @@ test: $(STAMP) system-deps
 # The end-to-end flow runs, each once: sweeps through served deployments and pool workers,
 # arms' actors and workers killed mid-run, cancellations, store outages, two-worker arms.
 test-e2e: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 \
 	  -m "e2e and $(SIDE_SUITES)"
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
@@ -153,4 +153,4 @@ real-model: $(STAMP)
 # test_sweep.py): the tests train on one thread, so one worker left a core idle.
 test-real-model: real-model
 	DAPO_CACHE_DIR="$$($(BIN)/python -c 'from dapo_core.cache import cache_root; print(cache_root())')" \
-	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 -m realmodel tests/real_model
+	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 -m realmodel tests/real_model

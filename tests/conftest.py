@@ -156,10 +156,16 @@ def pytest_configure(config: pytest.Config) -> None:
 # worker frees up. In alphabetical order a module of minutes came last and ran alone while the
 # other core idled (the last 10% of one run took 7 of its 19 minutes, 2026-11-29). Longest first
 # is the classic schedule for that: these modules took 27-107 s of a worker each, in this order
-# (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them.
+# (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them. The
+# Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out the files with the
+# most tests first, whatever this order says.
 LONGEST_FIRST = (
     "test_distributed_runs.py",
     "test_flows_cli.py",
+    # make test-e2e's four modules are the flow ones: cli, served, pool, ray (379, 349, 283 and
+    # 120 s) packs two workers best in this order; their make test parts take seconds
+    "test_flows_served.py",
+    "test_flows_pool.py",
     "test_async_workers.py",
     "test_db_cli.py",
     "test_flows_arm_lease.py",
