@@ -168,7 +168,7 @@ def test_a_writer_killed_mid_transaction_leaves_the_store_consistent(
 # both backends in a CI rehearsal (2026-11-29), and passed alone; what the test asks is only the
 # store's own behaviour across a fork.
 FORK_PARENT = """
-import multiprocessing, sys, traceback
+import multiprocessing, sys
 import sqlalchemy as sa
 import db_writer
 from db.store import Store
@@ -179,14 +179,10 @@ store = Store(store_url)
 with store.engine.connect() as conn:  # the parent's pool now holds a live connection
     conn.execute(sa.text("SELECT 1"))
 
-def child():
-    try:
-        with Store(store_url).sink(run_id) as sink:
-            for step in range(200):
-                sink.log_metrics(step, db_writer.step_metrics(run_id, step, metrics))
-    except BaseException:
-        traceback.print_exc()
-        raise
+def child():  # an exception here is printed to stderr by multiprocessing, exit code 1
+    with Store(store_url).sink(run_id) as sink:
+        for step in range(200):
+            sink.log_metrics(step, db_writer.step_metrics(run_id, step, metrics))
 
 proc = multiprocessing.get_context("fork").Process(target=child)
 proc.start()
