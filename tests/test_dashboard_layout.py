@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import dashboard_fixtures as fx
+import prefect_ui
 import pytest
 from test_dashboard_browser import ARTIFACTS, find_chromium
 
@@ -66,6 +67,13 @@ def look(page: browser.Page, url: str, needles: list[str], shot: Path) -> list[d
     page.goto(url)
     text = page.wait_for(needles)
     assert "Traceback" not in text
+    # The needles can be on the page before the grid has drawn its header row (CI once read a
+    # table with none): wait for the headers too.
+    prefect_ui.wait_js(
+        page,
+        "!!document.querySelector('[data-testid=\"stDataFrame\"]')?.querySelector('th')",
+        "the table's header row",
+    )
     page.screenshot(shot)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / shot.name)
