@@ -23,7 +23,7 @@ from dapo_core.models import TINY_TASKS, build_tiny_tokenizer
 from dapo_core.setup.architectures import TINY_MODELS, resolve_architecture
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.setup.presets import preset_config
-from dapo_core.train.update import decision_clip_counts, decision_sums
+from dapo_core.train.observers import decision_clip_counts, decision_sums
 
 F64 = torch.float64
 

@@ -1,6 +1,6 @@
 """The rollout group view's per-token record and its colouring.
 
-The record (dapo_core.train.update.token_trace → rollout.token_record) is pinned to a tiny
+The record (dapo_core.train.observers.token_trace → rollout.token_record) is pinned to a tiny
 batch worked out by hand; one tiny `dapo train` step stores it for the kept rollouts, with one
 entry per response token, eligibility by its definition, and metrics equal to a run that
 records nothing; dashboard.token_colours turns it into escaped, coloured HTML.
@@ -21,10 +21,11 @@ import dapo_core.train.trainer as trainer_mod
 from dapo_common.util import free_port
 from dapo_core.algo.losses import policy_loss
 from dapo_core.train.collective import LOCAL, Collective, TorchCollective
+from dapo_core.train.observers import TokenTrace, TraceObserver, token_trace
 from dapo_core.train.rollout import significant, token_record
 from dapo_core.train.runner import train
 from dapo_core.train.trackers import sample_rows
-from dapo_core.train.update import TokenTrace, Updater, make_optimizer, token_trace
+from dapo_core.train.update import Updater, make_optimizer
 from dashboard import token_colours as tc
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -239,7 +240,9 @@ def traced_update(dist: Collective) -> dict[int, TokenTrace]:
     )
     seqs = make_batch()
     updater.old_logprobs(seqs)
-    return updater.update(seqs, 5, torch.Generator().manual_seed(3), watch=WATCH).traces
+    traced = TraceObserver(WATCH, cfg.algo)
+    updater.update(seqs, 5, torch.Generator().manual_seed(3), observers=[traced])
+    return traced.traces
 
 
 def _traced_worker(rank: int, init: str, out: str) -> None:

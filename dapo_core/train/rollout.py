@@ -548,7 +548,7 @@ def token_record(
     `text` the decoded piece of each token, `p_old` π_θold of the token, `ratio` π_θ / π_θold
     when its mini-batch was updated (None: not in the loss), `clip` −1 / 0 / +1 (clipped at the
     lower bound, not, the upper bound), `entropy` nats (None: not computed), `eligible` 0 / 1
-    (could reach the upper clip bound; see dapo_core.train.update.token_trace)."""
+    (could reach the upper clip bound; see dapo_core.train.observers.token_trace)."""
     n = len(text)
     if not n == len(logprob_old) == len(ratio) == len(clip) == len(entropy) == len(eligible):
         raise ValueError("a token record's lists must all have one entry per response token")

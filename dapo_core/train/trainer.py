@@ -14,7 +14,8 @@
       7. push the new weights to the rollout engine; metrics
 
 The pieces live beside it: rollout.py (records, reward, dynamic-sampling buffer), batching.py
-(sequences → tensors), update.py (steps 5–6), collective.py (ranks), async_rollout.py (steps
+(sequences → tensors), update.py (steps 5–6), observers.py (token traces and decision-position
+metrics read off step 6's passes), collective.py (ranks), async_rollout.py (steps
 1–2 on a worker thread that overlaps step 6: rollout.mode=async, where step 7 hands the worker
 the weights by version and a step takes the worker's batches instead of sampling its own). With many workers every
 rank runs this same step: each generates a share of the prompts, the groups are gathered so
@@ -39,12 +40,19 @@ import torch
 
 from dapo_common import metric_names as M
 from dapo_core.algo.advantages import get_estimator, group_advantages
+from dapo_core.data.loaders import decision_positions
 from dapo_core.engines.base import RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.async_rollout import AsyncSource, staleness_metrics
 from dapo_core.train.batching import Seq, sequences
 from dapo_core.train.collective import LOCAL, Collective
 from dapo_core.train.memory import PhaseMemory
+from dapo_core.train.observers import (
+    DecisionObserver,
+    TokenTrace,
+    TraceObserver,
+    UpdateObserver,
+)
 from dapo_core.train.policy import PolicyForward, compute_dtype
 from dapo_core.train.rng import rng_state, set_rng_state
 from dapo_core.train.rollout import (
@@ -63,7 +71,6 @@ from dapo_core.train.rollout import (
 from dapo_core.train.task_reward import training_reward
 from dapo_core.train.update import (
     EMPTY_STATS,
-    TokenTrace,
     Updater,
     make_optimizer,
     reference_model,
@@ -184,6 +191,9 @@ class Trainer:
             ref_model=ref_model,
         )
         self.updater.memory = self.memory
+        # Response positions where the task takes its decision (the explore task's fork): the
+        # entropy and the clip there are reported beside the means; () for most tasks.
+        self.decision = decision_positions(cfg.data.train)
         if cfg.batch.train_batch_size <= cfg.batch.mini_batch_size and cfg.algo.ppo_epochs == 1:
             _warn_once(
                 "ratio-one",
@@ -220,6 +230,7 @@ class Trainer:
         )
 
         stats = EMPTY_STATS
+        observed: dict[str, float] = {}  # the update's observers' metrics
         sample_advantages: dict[int, list[float]] = {}  # for the kept samples only
         sample_tokens: dict[tuple[int, int], dict[str, list[Any]]] = {}  # likewise
         kept = kept_positions(col.generated, self.cfg.run.samples_per_step)
@@ -234,8 +245,14 @@ class Trainer:
             # The kept rollouts' per-token record (ratio, clip, entropy, eligibility) is read
             # off the update's own tensors: no extra forward, no random draw.
             watch = batch_rows(col.generated, batch, kept)
-            stats = self.updater.run(seqs, len(batch), self._shuffle_gen, watch=set(watch))
-            sample_tokens = self._token_records(seqs, watch, stats.traces)
+            traced = TraceObserver(watch, self.cfg.algo)
+            observers: list[UpdateObserver] = [traced]
+            if self.decision:
+                observers.append(DecisionObserver(self.decision, clip_high=self.cfg.algo.clip_high))
+            stats = self.updater.run(seqs, len(batch), self._shuffle_gen, observers=observers)
+            sample_tokens = self._token_records(seqs, watch, traced.traces)
+            for o in observers:
+                observed.update(o.metrics())
             self.grad_updates += stats.updates
             # Skipped updates in a row, across steps: an applied update ends a streak.
             run = stats.trailing_nonfinite
@@ -256,6 +273,7 @@ class Trainer:
             with self.memory.phase("sync"):
                 self._publish(updated=bool(stats.updates))
         metrics.update(stats.metrics())
+        metrics.update(observed)
         metrics.update(self.memory.metrics())
         metrics.update(
             staleness_metrics(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -28,22 +28,17 @@ from dapo_common import metric_names as M
 from dapo_core.algo.correction import rollout_correction
 from dapo_core.algo.losses import (
     COVARIANCE_MODES,
-    MAX_LOG_RATIO,
     Aggregation,
-    LossInputs,
     LossParams,
     aggregate,
     batch_selection,
-    clip_eligible,
     entropy_bonus,
     get_aggregation,
-    get_policy_loss,
     kl_penalty,
     policy_loss,
 )
 from dapo_core.algo.overlong import overlong_filter_mask
 from dapo_core.algo.token_filters import high_entropy_mask, off_policy_sequence_mask
-from dapo_core.data.loaders import decision_positions
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import (
     Packed,
@@ -55,6 +50,7 @@ from dapo_core.train.batching import (
 )
 from dapo_core.train.collective import Collective, shard
 from dapo_core.train.memory import PhaseMemory
+from dapo_core.train.observers import LossPass, UpdateObserver, split_sums
 from dapo_core.train.policy import PolicyForward
 
 log = logging.getLogger(__name__)
@@ -73,12 +69,7 @@ class Counts:
     sum_kl: float = 0.0  # Σ (old − new) log-prob: k1 of KL(old ‖ new)
     entropy_sum: float = 0.0  # Σ entropy of the loss tokens; counted on the filled pass only
     seq_tokens: float = 0.0  # prompt + response tokens through forward + backward
-    # Last, so that the fields above keep their places in as_tensor (the sums travel as one
-    # tensor over ranks): loss tokens that could reach the upper clip bound (clip_eligible),
-    # and the entropy sum and count at the task's decision positions (filled pass only).
-    clip_eligible: float = 0.0
-    decision_entropy_sum: float = 0.0
-    decision_tokens: float = 0.0
+    clip_eligible: float = 0.0  # loss tokens that could reach the upper clip bound
     # The loss variants' own counts (losses.LossCounts, the token filters): eligible tokens
     # whose unclipped ratio passed 1 + ε_high, tokens a covariance loss chose, tokens of
     # sequences the off-policy mask dropped, tokens the top-entropy filter kept.
@@ -86,10 +77,6 @@ class Counts:
     cov_selected: float = 0.0
     off_policy_masked: float = 0.0
     entropy_kept: float = 0.0
-    # At the task's decision positions, on every loss pass: the loss tokens, and those with
-    # A > 0 whose ratio passed 1 + ε_high (decision_clip_counts).
-    decision_loss_tokens: float = 0.0
-    decision_clip_high: float = 0.0
 
     def add(self, other: Counts) -> None:
         for f in fields(self):
@@ -104,18 +91,6 @@ class Counts:
 
 
 @dataclass
-class TokenTrace:
-    """What the update did to each token of one response, for the rollout browser: lists of
-    one entry per response token (None where the value was not computed; see `token_trace`)."""
-
-    logprob_old: list[float]  # log π_θold of the token
-    ratio: list[float | None]  # r = π_θ / π_θold at the forward that updated it; None: no loss
-    clip: list[int]  # −1 clipped at the lower bound, +1 at the upper, 0 not clipped
-    entropy: list[float | None]  # H(π_θ(·|s_t)) in nats at that forward; None: no forward
-    eligible: list[bool]  # could reach the upper bound (losses.clip_eligible)
-
-
-@dataclass
 class UpdateStats:
     """What one rollout step's update did, as typed numbers (metrics() names them)."""
 
@@ -127,19 +102,14 @@ class UpdateStats:
     nonfinite: int = 0  # skipped: NaN / inf loss or gradient
     trailing_nonfinite: int = 0  # of those, the ones after the last applied update
     filled_entropy: tuple[float, float] = (0.0, 0.0)  # Σ entropy, tokens: see Updater.run
-    filled_decision: tuple[float, float] = (0.0, 0.0)  # the same at the decision positions
     long_shares: list[float] = field(default_factory=list)  # per mini-batch, see long_share
     truncated_shares: list[float] = field(default_factory=list)  # per mini-batch, likewise
     counts: Counts | None = None
     mismatch: dict[str, float] | None = None  # rollout_correction's sums over the batch
     old_entropy: float = math.nan  # entropy of the batch under the policy that sampled it
     ratio_max: float = math.nan  # largest token ratio π_θ / π_θold of the applied updates
-    # ... at the task's decision positions; None when the task names none (not logged then)
-    decision_entropy: float | None = None
     old_logprob_s: float = 0.0
     update_s: float = 0.0
-    # Per-token traces of the watched rows (Updater.run's `watch`), by index into its `seqs`.
-    traces: dict[int, TokenTrace] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         c = self.counts or Counts()
@@ -149,14 +119,6 @@ class UpdateStats:
         def frac(x: float, n: float) -> float:
             return x / n if n else math.nan
 
-        extra = (
-            {}
-            if self.decision_entropy is None
-            else {
-                M.ENTROPY_DECISION: self.decision_entropy,
-                M.CLIP_RATIO_HIGH_DECISION: frac(c.decision_clip_high, c.decision_loss_tokens),
-            }
-        )
         return {
             M.POLICY_LOSS: self.policy_loss,
             M.KL_LOSS: self.kl_loss,
@@ -181,7 +143,6 @@ class UpdateStats:
             M.OLD_LOGPROB_S: self.old_logprob_s,
             M.UPDATE_S: self.update_s,
             M.UPDATE_TOKENS_PER_S: c.seq_tokens / self.update_s if self.update_s else 0.0,
-            **extra,
         }
 
 
@@ -227,9 +188,6 @@ class Updater:
         # The covariance losses and the top-entropy filter choose tokens from statistics of the
         # whole mini-batch under the current policy: a look at it before its micro-batches.
         self.looks_ahead = a.loss_mode in COVARIANCE_MODES or a.top_entropy_quantile < 1.0
-        # Response positions where the task takes its decision (the explore task's fork): the
-        # entropy there is reported beside the mean (entropy/decision); () for most tasks.
-        self.decision = decision_positions(cfg.data.train)
         self._packed: bool | None = None  # the packed layout, once the model passed the probe
         self._dropout = has_dropout(fwd.model)
         policy = getattr(fwd.model, "policy", fwd.model)  # a LogprobModel wraps the causal LM
@@ -260,11 +218,11 @@ class Updater:
         n_groups: int,
         shuffle: torch.Generator,
         *,
-        watch: Collection[int] = (),
+        observers: Sequence[UpdateObserver] = (),
     ) -> UpdateStats:
         """Steps 5 and 6 for the batch `seqs` (n_groups groups of G, group by group): old
         log-probs and the rollout correction, then the μ-epoch update; timed separately.
-        `watch`: indices into `seqs` whose per-token trace the stats carry (`traces`).
+        `observers` watch both (dapo_core.train.observers).
 
         Old log-probs of the first mini-batch of the first epoch come from that mini-batch's
         own forward (detached) rather than from the separate pass, when nothing needs them
@@ -274,19 +232,16 @@ class Updater:
         t0 = time.perf_counter()
         first = self.first_minibatch(seqs, n_groups, shuffle) if self.reuses_first_forward else []
         with self.memory.phase("logprob"):
-            ent_sum, ent_n, dec_sum, dec_n = self._old_pass(seqs, skip=set(first))
+            ent_sum, ent_n = self._old_pass(seqs, skip=set(first), observers=observers)
         mismatch = None if first else self.correct(seqs)
         t1 = time.perf_counter()
         with self.memory.phase("update"):
-            stats = self.update(seqs, n_groups, shuffle, fill_old=first, watch=watch)
+            stats = self.update(seqs, n_groups, shuffle, fill_old=first, observers=observers)
         t2 = time.perf_counter()
         if first:  # mode `none`: the mismatch sums only, now that every row has old log-probs
             mismatch = self.correct(seqs)
         ent_sum, ent_n = ent_sum + stats.filled_entropy[0], ent_n + stats.filled_entropy[1]
         stats.old_entropy = ent_sum / ent_n if ent_n > 0 else math.nan
-        if self.decision:
-            dec_sum, dec_n = dec_sum + stats.filled_decision[0], dec_n + stats.filled_decision[1]
-            stats.decision_entropy = dec_sum / dec_n if dec_n > 0 else math.nan
         stats.mismatch = mismatch
         stats.old_logprob_s = (t1 - t0) + (time.perf_counter() - t2)
         stats.update_s = t2 - t1
@@ -323,14 +278,16 @@ class Updater:
     def old_logprobs(self, seqs: list[Seq]) -> float:
         """Fill each Seq's old (and reference) log-probs; returns the mean entropy over every
         response token of the batch."""
-        ent_sum, ent_n, _, _ = self._old_pass(seqs, skip=set())
+        ent_sum, ent_n = self._old_pass(seqs, skip=set())
         return ent_sum / ent_n if ent_n > 0 else math.nan
 
     @torch.no_grad()
-    def _old_pass(self, seqs: list[Seq], skip: set[int]) -> tuple[float, float, float, float]:
+    def _old_pass(
+        self, seqs: list[Seq], skip: set[int], observers: Sequence[UpdateObserver] = ()
+    ) -> tuple[float, float]:
         """Old (and reference) log-probs of every Seq but those in `skip`; returns the entropy
-        sum and token count over their response tokens, then over their decision positions,
-        summed over ranks. Each rank scores its share; the rows are then gathered."""
+        sum and token count over their response tokens, summed over ranks (the observers' own
+        sums with them). Each rank scores its share; the rows are then gathered."""
         model = self.fwd.model
         was_training = model.training
         model.eval()
@@ -340,7 +297,8 @@ class Updater:
         mine = shard(todo, rank, world)
         passes = math.ceil(math.ceil(len(todo) / world) / mb)
         rows: dict[int, tuple[Tensor, Tensor | None]] = {}
-        ent_sum = ent_n = dec_sum = dec_n = 0.0
+        ent_sum = ent_n = 0.0
+        observed = [0.0] * sum(o.old_width for o in observers)
         self._layout()  # the packing probe runs on every rank at the same point (FSDP)
         try:
             for i in range(passes):
@@ -354,9 +312,8 @@ class Updater:
                 lp, ent = self.fwd(packed)
                 ent_sum += float((ent * packed.response_mask).sum())
                 ent_n += float(packed.response_mask.sum())
-                if self.decision:
-                    s, n = decision_sums(packed.per_seq(ent), packed.loss_mask, self.decision)
-                    dec_sum, dec_n = dec_sum + s, dec_n + n
+                sums = [x for o in observers for x in o.old_forward(packed, ent)]
+                observed = [a + b for a, b in zip(observed, sums, strict=True)]
                 ref = None
                 if self.ref_model is not None:
                     ref = gather_rows(self.fwd(packed, self.ref_model)[0], packed)
@@ -370,9 +327,11 @@ class Updater:
                 if ref_row is not None:
                     seqs[j].ref_logprobs = ref_row
         totals = self.dist.all_reduce_sum(
-            torch.tensor([ent_sum, ent_n, dec_sum, dec_n], dtype=torch.float64)
+            torch.tensor([ent_sum, ent_n, *observed], dtype=torch.float64)
         )
-        return float(totals[0]), float(totals[1]), float(totals[2]), float(totals[3])
+        for o, sums in split_sums(observers, totals[2:].tolist(), old=True):
+            o.old_totals(sums)
+        return float(totals[0]), float(totals[1])
 
     # --- 6: μ passes over mini-batches ---------------------------------------------------
     def update(
@@ -382,11 +341,11 @@ class Updater:
         shuffle: torch.Generator,
         *,
         fill_old: Sequence[int] = (),
-        watch: Collection[int] = (),
+        observers: Sequence[UpdateObserver] = (),
     ) -> UpdateStats:
         """μ epochs over shuffled mini-batches of whole groups. `fill_old` (see `run`): indices
         of the first mini-batch's loss rows, whose old log-probs its own forward provides.
-        `watch`: indices into `seqs` whose per-token trace to keep (see `run`, `token_trace`)."""
+        `observers` see each loss pass and each mini-batch (see `run`)."""
         a, b = self.cfg.algo, self.cfg.batch
         G = self.cfg.rollout.group_size
         self.fwd.model.train()
@@ -421,6 +380,7 @@ class Updater:
                 self.optimizer.zero_grad(set_to_none=True)
                 local = Counts()
                 local_ratio_max = [0.0]  # this mini-batch's, on this rank
+                observed = [0.0] * sum(o.width for o in observers)
                 loss_kl = torch.zeros(2, dtype=torch.float64)
                 mine = shard(rows, self.dist.rank, self.dist.world_size)
                 passes = math.ceil(math.ceil(len(rows) / self.dist.world_size) / b.micro_batch_size)
@@ -430,13 +390,6 @@ class Updater:
                 )
                 for i in range(passes):
                     micro = mine[i * b.micro_batch_size : (i + 1) * b.micro_batch_size]
-                    # Each epoch's trace replaces the one before: the stored one is the last
-                    # epoch's that reached the row, whose ratio is what the row's own update
-                    # step saw after the earlier epochs moved θ away from θ_old. That is where
-                    # the clip acts (in the first epoch's first mini-batch θ = θ_old, r = 1).
-                    watched = {
-                        k: index_of[id(s)] for k, s in enumerate(micro) if index_of[id(s)] in watch
-                    }
                     share, olds = self._micro_step(
                         micro,
                         num_tokens,
@@ -444,8 +397,9 @@ class Updater:
                         local,
                         local_ratio_max,
                         fill=fill,
-                        watched=watched,
-                        traces=stats.traces,
+                        keys=[index_of[id(s)] for s in micro],
+                        observers=observers,
+                        observed=observed,
                         choices=choices,
                     )
                     loss_kl += share
@@ -453,18 +407,25 @@ class Updater:
                         filled.update(
                             {index_of[id(s)]: x for s, x in zip(micro, olds, strict=True)}
                         )
-                totals = self.dist.all_reduce_sum(torch.cat([loss_kl, local.as_tensor()]))
+                totals = self.dist.all_reduce_sum(
+                    torch.cat(
+                        [loss_kl, local.as_tensor(), torch.tensor(observed, dtype=torch.float64)]
+                    )
+                )
+                n_counts = len(fields(Counts))
+                counted = Counts.from_tensor(totals[2 : 2 + n_counts])
                 if fill:  # every rank needs every row's old log-probs for the later epochs
                     for part in self.dist.all_gather_object(filled):
                         for j, old in part.items():
                             seqs[j].old_logprobs = old
                     # Σ entropy and token count of these rows (loss tokens = response tokens
                     # here: no rollout-correction mask), for the batch's entropy under θ_old.
-                    c = Counts.from_tensor(totals[2:])
-                    stats.filled_entropy = (c.entropy_sum, c.tokens)
-                    stats.filled_decision = (c.decision_entropy_sum, c.decision_tokens)
+                    stats.filled_entropy = (counted.entropy_sum, counted.tokens)
                 norm = self._grad_norm()
-                if not (math.isfinite(norm) and math.isfinite(float(totals[0]))):
+                applied = math.isfinite(norm) and math.isfinite(float(totals[0]))
+                for o, sums in split_sums(observers, totals[2 + n_counts :].tolist()):
+                    o.minibatch(sums, filled=fill, applied=applied)
+                if not applied:
                     # Skipped, not applied: one bad batch must not poison the weights.
                     self.optimizer.zero_grad(set_to_none=True)
                     stats.nonfinite += 1
@@ -484,14 +445,14 @@ class Updater:
                 kl_losses.append(float(totals[1]))
                 norms.append(norm)
                 assert stats.counts is not None
-                stats.counts.add(Counts.from_tensor(totals[2:]))
+                stats.counts.add(counted)
                 ratio_max = max(ratio_max, local_ratio_max[0])
         self.optimizer.zero_grad(set_to_none=True)
         if self.dist.world_size > 1:  # a collective: every rank ends `update` here
             ratio_max = max(self.dist.all_gather_object(ratio_max))
         stats.ratio_max = ratio_max if ratio_max > 0 else math.nan
-        if watch:
-            self._complete_traces(seqs, watch, stats.traces)
+        for o in observers:  # a collective point: every rank attaches the same observers
+            o.finish(seqs, self.dist)
         if stats.empty_minibatches:
             log.warning(
                 "%d mini-batch(es) had no loss tokens after the overlong filter (all truncated) "
@@ -580,16 +541,16 @@ class Updater:
         ratio_max: list[float],
         *,
         fill: bool = False,
-        watched: Mapping[int, int] | None = None,
-        traces: dict[int, TokenTrace] | None = None,
+        keys: Sequence[int] = (),
+        observers: Sequence[UpdateObserver] = (),
+        observed: list[float] | None = None,
         choices: Mapping[int, RowChoice] | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
         """Forward + backward of one micro-batch. Returns its (loss, kl) share of the
         mini-batch, and when `fill` each row's old log-probs: this forward's own, detached
-        (θ = θ_old here). `watched` maps rows (positions in `rows`) to the keys under which
-        their `token_trace` goes into `traces`; `choices` holds `_batch_choices`' per row.
-        Adds the micro-batch's counts to `counts` and raises `ratio_max[0]` to its largest
-        token ratio."""
+        (θ = θ_old here). `choices` holds `_batch_choices`' per row. Adds the micro-batch's
+        counts to `counts`, raises `ratio_max[0]` to its largest token ratio, and adds the
+        `observers`' sums of the pass to `observed` (`keys`: the rows' indices in the batch)."""
         a = self.cfg.algo
         if not rows:  # this rank's share ran out: a zero-weight pass keeps FSDP in step
             lp, _ = self.fwd(self._dummy())
@@ -685,34 +646,11 @@ class Updater:
             loss = loss + a.kl_coef * kl
             kl_value = float(kl.detach())
         (loss * self.dist.world_size).backward()
-        if watched and traces is not None:
-            # Read off the tensors this pass already has (no further forward, no randomness).
-            for key, trace in zip(
-                watched.values(),
-                token_trace(
-                    lp,
-                    old,
-                    adv,
-                    loss_mask,
-                    ent,
-                    list(watched),
-                    [len(rows[k].response_ids) for k in watched],
-                    loss_mode=a.loss_mode,
-                    clip_low=a.clip_low,
-                    clip_high=a.clip_high,
-                    clip_c=a.clip_c,
-                    params=self.loss_params,
-                ),
-                strict=True,
-            ):
-                traces[key] = trace
-        dec_sum = dec_n = dec_clip = dec_tokens = 0.0
-        if fill and self.decision:  # like entropy_sum: this pass stands in for the old pass
-            dec_sum, dec_n = decision_sums(ent.detach(), loss_mask, self.decision)
-        if self.decision:
-            dec_clip, dec_tokens = decision_clip_counts(
-                lp.detach(), old, adv, loss_mask, self.decision, clip_high=a.clip_high
-            )
+        if observers:
+            seen = LossPass(rows, keys, lp, old, adv, loss_mask, ent, fill)
+            sums = [x for o in observers for x in o.loss_pass(seen)]
+            assert observed is not None
+            observed[:] = [a + b for a, b in zip(observed, sums, strict=True)]
         counts.add(
             Counts(
                 tokens=lc.tokens,
@@ -724,41 +662,13 @@ class Updater:
                 entropy_sum=float((ent.detach() * loss_mask).sum()) if fill else 0.0,
                 seq_tokens=float(packed.tokens),
                 clip_eligible=lc.clip_eligible,
-                decision_entropy_sum=dec_sum,
-                decision_tokens=dec_n,
                 natural_high=lc.natural_high,
                 cov_selected=lc.selected,
                 off_policy_masked=n_off_policy,
                 entropy_kept=n_entropy_kept,
-                decision_loss_tokens=dec_tokens,
-                decision_clip_high=dec_clip,
             )
         )
         return torch.tensor([float(loss.detach()), kl_value], dtype=torch.float64), olds
-
-    def _complete_traces(
-        self, seqs: list[Seq], watch: Collection[int], traces: dict[int, TokenTrace]
-    ) -> None:
-        """Every rank's traces in `traces`, and a trace without ratios for each watched row
-        that no loss pass saw (the overlong filter dropped it, or the step halted first): its
-        old log-probs, eligibility and no clip."""
-        if self.dist.world_size > 1:  # a collective: every rank ends `update` here
-            for part in self.dist.all_gather_object(traces):
-                traces.update(part)
-        a = self.cfg.algo
-        for j in sorted(set(watch) - set(traces)):
-            old = seqs[j].old_logprobs.detach().float().cpu()  # [R]
-            if old.numel() != len(seqs[j].response_ids):
-                continue  # no old log-probs either (nothing scored this row)
-            adv = torch.full_like(old, seqs[j].advantage)
-            n = old.numel()
-            traces[j] = TokenTrace(
-                logprob_old=old.tolist(),
-                ratio=[None] * n,
-                clip=[0] * n,
-                entropy=[None] * n,
-                eligible=clip_eligible(old, adv, clip_high=a.clip_high).tolist(),
-            )
 
     def correct(self, seqs: list[Seq]) -> dict[str, float] | None:
         """Rollout correction of the batch, once per step (old and sampler log-probs are fixed
@@ -846,61 +756,6 @@ def has_dropout(model: torch.nn.Module) -> bool:
     return False
 
 
-@torch.no_grad()
-def token_trace(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    entropy: Tensor,
-    rows: Sequence[int],
-    lengths: Sequence[int],
-    *,
-    loss_mode: str,
-    clip_low: float,
-    clip_high: float,
-    clip_c: float | None,
-    params: LossParams | None = None,
-) -> list[TokenTrace]:
-    """The per-token view of one loss pass for some of its rows: `logprobs`, `old_logprobs`,
-    `mask` (the loss mask) and `entropy` `[B, T]` and `advantages` `[B]` exactly as that pass
-    gave them to `policy_loss`; `rows` the rows to read, `lengths` their response lengths.
-
-    The clip flags are the registered loss's own (`get_policy_loss(loss_mode)` run again on
-    these rows, detached): DAPO's Eq. 10 clip (arXiv 2503.14476, §3.1), active only where the
-    clipped term is the pessimistic one, i.e. +1 where A > 0 and r > 1 + ε_high (the
-    up-clipped tokens of Fig. 3a) and −1 where A < 0 and r < 1 − ε_low (for vanilla; gspo
-    decides with its sequence ratio, cispo on every token). The dual clip is not flagged.
-    `ratio` is the token's r = exp(log π_θ − log π_θold) (clamped at ±MAX_LOG_RATIO like the
-    loss), also under gspo, whose clip reads the sequence's ratio instead. Eligibility is
-    `clip_eligible`, the definition behind clip_ratio/high_eligible. Tokens outside the loss
-    mask get no ratio and no clip."""
-    idx = torch.tensor(list(rows), dtype=torch.long, device=logprobs.device)
-    lp, old = logprobs.detach()[idx], old_logprobs.detach()[idx]  # [K, T]
-    m = mask[idx].bool()
-    adv = advantages.detach()[idx][:, None].expand_as(lp).to(lp.dtype)  # [K, T]
-    # No covariance choice here (it moves no clip flag), so none is made.
-    x = LossInputs(lp, old, adv, m, clip_low, clip_high, clip_c, selected=torch.zeros_like(m))
-    tl = get_policy_loss(loss_mode)(x, params or LossParams())
-    ratio = torch.exp((lp - old).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
-    clip = (tl.clip_high & m).long() - (tl.clip_low & m).long()
-    eligible = clip_eligible(old, adv, clip_high=clip_high)
-    cols = [x.cpu() for x in (old, ratio, clip, entropy.detach()[idx].float(), eligible, m)]
-    out = []
-    for k, n in enumerate(lengths):
-        o, r, c, h, e, keep = (x[k, :n].tolist() for x in cols)
-        out.append(
-            TokenTrace(
-                logprob_old=o,
-                ratio=[v if in_loss else None for v, in_loss in zip(r, keep, strict=True)],
-                clip=c,
-                entropy=h,
-                eligible=e,
-            )
-        )
-    return out
-
-
 def _rows_of(picks: Sequence[RowChoice], name: str, packed: Packed) -> Tensor | None:
     """One of the rows' choices (`selected` or `keep`) in the loss layout `[B, T]` bool, or None
     when it was not made."""
@@ -915,42 +770,6 @@ def _row_mask(s: Seq) -> Tensor:
     if s.token_mask is not None:
         return s.token_mask.bool()
     return torch.ones(len(s.response_ids), dtype=torch.bool)
-
-
-def decision_sums(entropy: Tensor, mask: Tensor, positions: Sequence[int]) -> tuple[float, float]:
-    """Σ entropy and the token count at the given response positions, over the rows of `mask`
-    that reach them: `entropy` and `mask` `[B, T]`, one sequence per row, position t the
-    sequence's t-th response token (a position past the end of every row counts nothing)."""
-    cols = [t for t in positions if t < entropy.shape[1]]
-    if not cols:
-        return 0.0, 0.0
-    m = mask[:, cols].float()
-    return float((entropy[:, cols] * m).sum()), float(m.sum())
-
-
-def decision_clip_counts(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    positions: Sequence[int],
-    *,
-    clip_high: float,
-) -> tuple[float, float]:
-    """(tokens with A > 0 whose ratio r = π_θ / π_θold passed 1 + ε_high, loss tokens) at the
-    given response positions: `logprobs`, `old_logprobs` and `mask` `[B, T]`, `advantages` `[B]`
-    (one per sequence). Where A > 0 and r > 1 + ε_high, DAPO's Eq. 10 takes the clipped term
-    and the token's gradient is 0 (the vanilla loss); the comparison is in log space,
-    log r > log(1 + ε_high), like clip_eligible's. Why apart from clip_ratio/high: on a task
-    whose decision is one token in many, the share over every token hides whether the clip
-    acted where the reward is decided."""
-    cols = [t for t in positions if t < logprobs.shape[1]]
-    if not cols:
-        return 0.0, 0.0
-    m = mask[:, cols].bool()
-    up = (logprobs[:, cols] - old_logprobs[:, cols]) > math.log1p(clip_high)
-    high = m & up & (advantages[:, None] > 0)
-    return float(high.sum()), float(m.sum())
 
 
 def weight_share(agg: Aggregation, token_counts: Sequence[int], chosen: Sequence[bool]) -> float:
