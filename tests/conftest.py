@@ -136,6 +136,30 @@ def backend(store_url: str) -> str:
     return "sqlite" if store_url.startswith("sqlite") else "postgresql"
 
 
+# PostgreSQL through a TCP proxy that a test takes down and brings back (tests/tcp_proxy.py): the
+# store outages of tests/db/test_db_outage.py and tests/flows/test_flows_arm_wall.py.
+@pytest.fixture
+def proxy() -> Iterator[Any]:
+    from tcp_proxy import TcpProxy
+
+    with TcpProxy((PG_HOST, PG_PORT)) as running:
+        yield running
+
+
+@pytest.fixture
+def pg_urls(proxy: Any, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(direct URL, URL through the proxy) of a fresh PostgreSQL schema."""
+    from db import engine as db_engine
+    from db.store import Store
+
+    direct: str = request.getfixturevalue("pg_schemas")()
+    through = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
+    assert through != direct  # the writes under test really go through the proxy
+    Store(direct)  # created directly, so the outage never meets a half-made schema
+    yield direct, through
+    db_engine.dispose(through)
+
+
 # --- the end-to-end flow runs: `make test-e2e` ----------------------------------------------------
 # Sweeps through served deployments, pool workers and `dapo sweep` / `dapo arm`, killed actors and
 # workers, cancellations, store outages: what only a whole run shows, each run once, and minutes

@@ -27,7 +27,7 @@ import dashboard_fixtures as fx
 import prefect_server
 import prefect_ui
 import pytest
-from test_dashboard_browser import ARTIFACTS, find_chromium
+from chromium import ARTIFACTS, find_chromium
 
 from dashboard import browser
 from db import table_format

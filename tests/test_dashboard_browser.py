@@ -7,7 +7,6 @@ The screenshot is kept as a test artifact under tests/artifacts/.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -16,23 +15,11 @@ from pathlib import Path
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
+from chromium import ARTIFACTS, find_chromium
 
 from dashboard import browser
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "tests" / "artifacts"
 pytestmark = pytest.mark.browser
-
-
-def find_chromium() -> str:
-    """The browser's path; fails under CI and skips elsewhere when none is installed."""
-    path = browser.find_browser()
-    if path:
-        return path
-    message = "headless Chromium is not installed (apt-get install -y chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; it is required when CI is set")
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,7 @@ CLICK_JS = """(() => {{ const label = Array.from(document.querySelectorAll('labe
 
 @pytest.mark.browser
 def test_token_view_in_chromium(group_store: tuple[str, int], tmp_path: Path) -> None:
-    from test_dashboard_browser import ARTIFACTS, find_chromium
+    from chromium import ARTIFACTS, find_chromium
 
     exe = find_chromium()
     url, run_id = group_store

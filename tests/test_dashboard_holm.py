@@ -1,7 +1,8 @@
 """The ablation page's Holm checkbox and sample-efficiency expander, run headless by streamlit's
 AppTest: the note is db.ablation.holm_note's own text (the one `dapo table --holm` prints), and
 the expander shows `dapo table --efficiency`'s area and time-to-threshold tables. The stores are
-test_table_holm's (three stars, Holm keeps one) and test_table_efficiency's (a censored seed).
+tests/table_stores.py's, as `dapo table`'s tests use them (three stars, Holm keeps one; a
+censored seed).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_table_efficiency import build_threshold
-from test_table_holm import build as build_holm
+from table_stores import build_holm, build_threshold
 
 from db import ablation
 from db.store import Store

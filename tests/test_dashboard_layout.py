@@ -20,7 +20,7 @@ from typing import Any
 import dashboard_fixtures as fx
 import prefect_ui
 import pytest
-from test_dashboard_browser import ARTIFACTS, find_chromium
+from chromium import ARTIFACTS, find_chromium
 
 from dashboard import browser, layout
 from db import annotations as ann

@@ -16,7 +16,7 @@ from pathlib import Path
 import dashboard_fixtures as fx
 import pytest
 import rollout_fixtures as rf
-from test_dashboard_browser import ARTIFACTS, find_chromium
+from chromium import ARTIFACTS, find_chromium
 
 from dapo_common import metric_names as M
 from dashboard import browser

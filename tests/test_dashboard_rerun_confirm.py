@@ -267,7 +267,7 @@ def _click(page: browser.Page, label: str, *, again_ms: int = -1) -> bool:
 def test_a_double_click_in_the_browser_starts_one_flow_run(
     prefect_api: str, tmp_path: Path
 ) -> None:
-    from test_dashboard_browser import find_chromium
+    from chromium import find_chromium
 
     exe = find_chromium()
     store = fx.build_store(f"sqlite:///{tmp_path / 'store.db'}")

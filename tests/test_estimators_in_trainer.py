@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_trainer import SamplerEngine, ScriptedEngine, _rel, _update_of, make_cfg, make_trainer
+from scripted_engine import ScriptedEngine, make_cfg, make_trainer
+from test_trainer import SamplerEngine, _rel, _update_of
 from tiny_policy import char_tokenizer, tiny_llama
 
 from dapo_common import metric_names as M

@@ -17,16 +17,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from store_outage import new_run
 from store_runs import new_attempt
 from tcp_proxy import TcpProxy
-from test_db_outage import new_run, pg_urls, proxy  # noqa: F401 (fixtures)
 
 from db.store import Store
 
 
 def test_the_sink_counts_the_seconds_it_waited_on_a_store_that_was_down(
-    proxy: TcpProxy,  # noqa: F811
-    pg_urls: tuple[str, str],  # noqa: F811
+    proxy: TcpProxy,
+    pg_urls: tuple[str, str],
     tmp_path: Path,
 ) -> None:
     """Steps logged while the store is down do not wait (they are queued); close() waits for

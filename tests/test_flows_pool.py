@@ -31,10 +31,10 @@ import prefect_server
 import prefect_ui
 import pytest
 import yaml
+from chromium import ARTIFACTS, find_chromium
 from dapo_cli import FAST, FLOW_TEST_TIMEOUT_S, alive, dapo, stored_sweep
 from prefect_server import FLOW_POLL_S, client, stop, wait_for
 from ray_cluster import RayCluster
-from test_dashboard_browser import ARTIFACTS, find_chromium
 
 from dapo_core.train.run_dir import latest_step
 from dashboard import browser

@@ -382,7 +382,7 @@ def test_the_nan_guard_stops_after_exactly_max_nonfinite_updates_skipped_updates
     import math
 
     import torch
-    from test_trainer import ScriptedEngine, make_cfg, make_trainer
+    from scripted_engine import ScriptedEngine, make_cfg, make_trainer
     from tiny_policy import char_tokenizer
 
     from dapo_common import metric_names as M

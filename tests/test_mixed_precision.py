@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from scripted_engine import PROBLEMS, ScriptedEngine
 from test_runner import ListSink, small
-from test_trainer import PROBLEMS, ScriptedEngine
 from tiny_policy import char_tokenizer, tiny_llama
 
 from dapo_common import metric_names as M

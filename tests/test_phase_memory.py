@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_trainer import ScriptedEngine, make_cfg, make_trainer
+from scripted_engine import ScriptedEngine, make_cfg, make_trainer
 from tiny_policy import char_tokenizer
 
 import dapo_core.train.trainer as trainer_mod

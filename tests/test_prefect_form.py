@@ -22,7 +22,6 @@ from flows.params import ArmParams, SweepParams, validate
 
 pytestmark = pytest.mark.slow
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 TOGGLE = 'Property is type "None"'
 
 
@@ -68,7 +67,7 @@ def test_the_sweep_form_is_typed_fields_with_json_examples(api: str) -> None:
 def test_the_defaults_a_user_submits_in_the_ui_are_the_presets(api: str, tmp_path: Path) -> None:
     """The custom run form, submitted as it opens: no field asks for a type first, and what it
     sends, mapped as the flow maps it, is a sweep of the preset's own values."""
-    from test_dashboard_browser import find_chromium
+    from chromium import ARTIFACTS, find_chromium
 
     from dashboard.browser import open_page
     from flows.sweep import ablation_sweep

@@ -14,8 +14,8 @@ from types import ModuleType
 
 import dashboard_fixtures as fx
 import pytest
+from chromium import find_chromium
 from PIL import Image
-from test_dashboard_browser import find_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from test_db_outage import log_step, new_run
+from store_outage import log_step, new_run
 
 from dapo_core.train.run_dir import NotOwner, check_resumable_dir, claim
 from db import engine as db_engine

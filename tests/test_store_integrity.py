@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from store_outage import LOCKER, assert_every_step_once, log_step, new_run
 from tcp_proxy import TcpProxy
-from test_db_outage import LOCKER, assert_every_step_once, log_step, new_run
 
 from db import engine as db_engine
 from db.sink import SPILL_PREFIX, IncompleteRun, SqlSink, check_every_step
@@ -97,7 +97,7 @@ def test_a_wrong_database_name_is_not_waited_for(pg_urls: tuple[str, str]) -> No
 KILLED_WRITER = """
 import sys, time
 sys.path.insert(0, sys.argv[4])
-from test_db_outage import log_step
+from store_outage import log_step
 from db.store import Store
 store = Store(sys.argv[1], outage_s=600)
 sink = store.sink(int(sys.argv[2]), spill_dir=sys.argv[3])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from store_runs import new_attempt
+from table_stores import build_threshold
 
-from dapo_common import metric_names as M
 from dapo_lab.cli import main
 from db import ablation, efficiency
 from db.store import Store
@@ -123,70 +123,6 @@ def test_efficiency_and_holm_together(
 # --- updates and tokens to a threshold ------------------------------------------------------
 
 T2 = 4.302653  # t(0.975, 2)
-
-
-def _counted(
-    store: Store,
-    sweep_id: int,
-    arm: str,
-    seed: int,
-    evals: dict[int, float],
-    counts: dict[int, tuple[int, int]],
-    status: str,
-) -> None:
-    """A run with held-out evaluations and the trainer's cumulative progress counters
-    (step -> gradient updates, generated tokens)."""
-    run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
-    with store.sink(run_id) as sink:
-        for step, score in evals.items():
-            sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})
-        for step, (updates, tokens) in counts.items():
-            sink.log_metrics(step, {M.GRAD_UPDATES: updates, M.TOKENS_TOTAL: tokens})
-    store.update_run(run_id, status=status, steps=4)
-
-
-def build_threshold(url: str) -> int:
-    """a → b, seeds 0, 1, 2, evaluated at steps 0, 2, 4 (counters logged at steps 1..4).
-    At 40%:
-    a, seed 0: 0.2, 0.4, 0.5  -> reached at step 2: 4 updates, 1000 tokens
-       seed 1: 0.2, 0.3, 0.45 -> step 4: 8 updates, 2600 tokens
-       seed 2: 0.2, 0.3, 0.35 -> never: censored (a: 2/3 reached)
-    b, seed 0 resumed: attempt 1 (failed) 0.2, 0.5 at steps 0, 2 with its counters; attempt
-       2 resumed from step 2's checkpoint and ended at 0.6 at step 4 -> step 2, the counters
-       of attempt 1 there: 2 updates, 800 tokens
-       seed 1 resumed: attempt 1 (failed) 0.2 at step 0, 0.38 at step 2 (2, 900); attempt 2
-       replayed step 2 at 0.41 (2, 950) and ended at 0.5 -> step 2, the newer attempt's
-       score and counters: 2 updates, 950 tokens
-       seed 2: 0.2, 0.3, 0.42   -> step 4: 4 updates, 1500 tokens (b: 3/3 reached)"""
-    store = Store(url)
-    sweep_id = store.create_sweep(
-        name="threshold",
-        preset="tiny",
-        arms=["a", "b"],
-        seeds=[0, 1, 2],
-        base_config={},
-        ladder=[{"arm": "a"}, {"arm": "b"}],
-    )
-    evals = {
-        ("a", 0): {0: 0.2, 2: 0.4, 4: 0.5},
-        ("a", 1): {0: 0.2, 2: 0.3, 4: 0.45},
-        ("a", 2): {0: 0.2, 2: 0.3, 4: 0.35},
-        ("b", 2): {0: 0.2, 2: 0.3, 4: 0.42},
-    }
-    counts = {
-        ("a", 0): {1: (2, 400), 2: (4, 1000), 3: (6, 1500), 4: (8, 2100)},
-        ("a", 1): {1: (2, 600), 2: (4, 1200), 3: (6, 1900), 4: (8, 2600)},
-        ("a", 2): {1: (2, 500), 2: (4, 1100), 3: (6, 1700), 4: (8, 2300)},
-        ("b", 2): {1: (1, 300), 2: (2, 700), 3: (3, 1100), 4: (4, 1500)},
-    }
-    for (arm, seed), curve in evals.items():
-        _counted(store, sweep_id, arm, seed, curve, counts[(arm, seed)], "completed")
-    _counted(store, sweep_id, "b", 0, {0: 0.2, 2: 0.5}, {1: (1, 300), 2: (2, 800)}, "failed")
-    _counted(store, sweep_id, "b", 0, {4: 0.6}, {3: (3, 1200), 4: (4, 1700)}, "completed")
-    _counted(store, sweep_id, "b", 1, {0: 0.2, 2: 0.38}, {1: (1, 400), 2: (2, 900)}, "failed")
-    resumed = {2: (2, 950), 3: (3, 1400), 4: (4, 1900)}
-    _counted(store, sweep_id, "b", 1, {2: 0.41, 4: 0.5}, resumed, "completed")
-    return sweep_id
 
 
 @pytest.fixture

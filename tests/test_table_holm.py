@@ -13,62 +13,22 @@ import math
 from pathlib import Path
 
 import pytest
-from store_runs import new_attempt
+from table_stores import build_holm
 
 from dapo_lab.cli import main
 from db import ablation, stats
 from db.store import Store
 
-# A ladder a → b → c → d over seeds 0..6; each arm's final score is its parent's plus a per-seed
-# step, so Δ parent is that step. With S = Σ|d| and F the set of flipped values, a flip's sum is
-# S − 2·Σ_F|d|; it reaches the observed |Σ d| when Σ_F is small enough (or, mirrored, large):
-#   b − a: seven positive steps: only F = {} and its mirror reach it: p = 2/128 = 0.015625
-#   c − b: (0.02, ..., 0.07, −0.01): S = 0.28, Σ d = 0.26: Σ_F <= 0.01 for F = {}, {0.01},
-#          and two mirrors: p = 4/128 = 0.03125
-#   d − c: (0.02, ..., 0.07, −0.02): S = 0.29, Σ d = 0.25: Σ_F <= 0.02 for F = {}, {0.02},
-#          {−0.02} and three mirrors: p = 6/128 = 0.046875
-# All three are below 0.05: three stars. Holm, m = 3: 0.015625 < 0.05/3 = 0.0167 keeps b;
-# 0.03125 >= 0.05/2 = 0.025 stops: c and d lose their star. Holm-adjusted p: b 3 · 0.015625 =
-# 0.046875; c max(that, 2 · 0.03125) = 0.0625; d max(0.0625, 1 · 0.046875) = 0.0625.
-SEEDS = list(range(7))
-RISE = (0.02, 0.03, 0.04, 0.05, 0.06, 0.07)
-STEPS = {"b": (*RISE, 0.08), "c": (*RISE, -0.01), "d": (*RISE, -0.02)}
+# The ladder a → b → c → d of tests/table_stores.py (build_holm), whose p-values are worked
+# out there by hand: all three below 0.05, Holm keeps b's star only.
 P = {"b": 2 / 128, "c": 4 / 128, "d": 6 / 128}
 ADJUSTED = {"b": 0.046875, "c": 0.0625, "d": 0.0625}
-
-
-def finals() -> dict[str, list[float]]:
-    out = {"a": [0.20] * len(SEEDS)}
-    for parent, arm in (("a", "b"), ("b", "c"), ("c", "d")):
-        out[arm] = [x + d for x, d in zip(out[parent], STEPS[arm], strict=True)]
-    return out
-
-
-def build(url: str) -> int:
-    store = Store(url)
-    arms = ["a", "b", "c", "d"]
-    sweep_id = store.create_sweep(
-        name="holm",
-        preset="tiny",
-        arms=arms,
-        seeds=SEEDS,
-        base_config={},
-        ladder=[{"arm": arm} for arm in arms],
-    )
-    for arm, scores in finals().items():
-        for seed, final in enumerate(scores):
-            run_id = new_attempt(store, sweep_id, arm, seed, config_hash=arm)
-            with store.sink(run_id) as sink:
-                for step, score in ((0, 0.2), (4, final)):
-                    sink.log_evaluation(step, {"dataset": "aime", "k": 4, "avg_at_k": score})
-            store.update_run(run_id, status="completed", steps=5)
-    return sweep_id
 
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> tuple[str, int]:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    return url, build(url)
+    return url, build_holm(url)
 
 
 def test_holm_by_hand() -> None:
