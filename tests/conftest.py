@@ -182,7 +182,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # is the classic schedule for that: these modules took 27-107 s of a worker each, in this order
 # (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them. The
 # Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out the files with the
-# most tests first, whatever this order says.
+# most tests first, whatever this order says. Each is a path relative to tests/ (test_layers.py
+# checks that it names a file).
 LONGEST_FIRST = (
     "test_distributed_runs.py",
     "test_flows_cli.py",
@@ -213,10 +214,22 @@ LONGEST_FIRST = (
 )
 
 
+TESTS = ROOT / "tests"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    under_tests: dict[Path, str] = {}  # a module's path -> its path relative to tests/
+
+    def rank_of(item: pytest.Item) -> int:
+        if item.path not in under_tests:
+            resolved = item.path.resolve()
+            relative = resolved.relative_to(TESTS) if resolved.is_relative_to(TESTS) else resolved
+            under_tests[item.path] = relative.as_posix()
+        return rank.get(under_tests[item.path], len(rank))
+
     # sorted() is stable: a module's own tests keep their order (their module fixtures rely on it).
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    items.sort(key=rank_of)
 
 
 # --- one warm Ray per test process for the flow tests ------------------------------------------
