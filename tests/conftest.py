@@ -185,32 +185,32 @@ def pytest_configure(config: pytest.Config) -> None:
 # most tests first, whatever this order says. Each is a path relative to tests/ (test_layers.py
 # checks that it names a file).
 LONGEST_FIRST = (
-    "test_distributed_runs.py",
+    "dapo_core/test_distributed_runs.py",
     "test_flows_cli.py",
     # make test-e2e's four modules are the flow ones: cli, served, pool, ray (379, 349, 283 and
     # 120 s) packs two workers best in this order; their make test parts take seconds
     "test_flows_served.py",
     "test_flows_pool.py",
-    "test_async_workers.py",
+    "dapo_core/test_async_workers.py",
     "test_db_cli.py",
     "test_flows_arm_lease.py",
     "test_dashboard_rerun_confirm.py",
     "test_dashboard_pages_browser.py",
-    "test_plan.py",
+    "dapo_core/test_plan.py",
     "test_warm_start_phase.py",
-    "test_load_once.py",
+    "dapo_core/test_load_once.py",
     "test_annotations.py",
-    "test_async_runs.py",
+    "dapo_core/test_async_runs.py",
     "test_small_fixes_41.py",
-    "test_distributed.py",
+    "dapo_core/test_distributed.py",
     "test_flows_ray.py",
-    "test_checkpoint_retention.py",
+    "dapo_core/test_checkpoint_retention.py",
     "test_dashboard_app.py",
     "test_db_concurrency.py",
     "test_cli_tables.py",
     "test_dashboard_layout.py",
     "test_artifact_layout.py",
-    "test_runner.py",
+    "dapo_core/test_runner.py",
 )
 
 

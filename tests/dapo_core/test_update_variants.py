@@ -3,7 +3,7 @@ top-entropy filter choose their tokens from the whole mini-batch (`Updater._batc
 off-policy mask per sequence; the gradient must still not depend on the micro-batch split nor on
 the number of workers, and the variants' metrics must say what each did.
 
-One mini-batch (one gradient update) of a tiny model, as in tests/test_distributed.py: the
+One mini-batch (one gradient update) of a tiny model, as in tests/dapo_core/test_distributed.py: the
 gradient the optimizer saw is compared, micro-batches of 2 against one of 64, and 2 gloo workers
 (FSDP2) against one.
 """

@@ -2,7 +2,7 @@
 DeepSeek-V3.2's off-policy sequence mask. Hand-computed cases and invariants; the differential
 tests against TRL 1.16's own functions are in tests/reference/test_losses_vs_trl.py, the filters
 inside the update (one quantile over the whole mini-batch, exact over micro-batches and workers)
-in tests/test_update_variants.py.
+in tests/dapo_core/test_update_variants.py.
 """
 
 from __future__ import annotations

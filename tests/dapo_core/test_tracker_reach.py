@@ -25,7 +25,7 @@ from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train import trackers
 from db import tracker_status
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 APP = ROOT / "dashboard" / "app.py"
 

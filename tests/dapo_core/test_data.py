@@ -34,7 +34,7 @@ from dapo_core.data.loaders import (
 )
 from dapo_core.models import build_tiny_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 VERL = SHARED / "verl_format"
 

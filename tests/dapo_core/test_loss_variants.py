@@ -2,7 +2,7 @@
 dppo_tv, dppo_kl, dro, gpg (verl 0.9.1), luspo and vespo (TRL 1.16). Hand-computed cases (the
 arithmetic in the comments) and the invariants each paper states; the differential tests against
 verl's and TRL's own code are in tests/reference/, the exactness over micro-batches for every
-mode in tests/test_losses.py.
+mode in tests/dapo_core/test_losses.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`dapo plan`: the memory model's arithmetic by hand, the estimate against the measured peak of
 real training updates on CPU, the check before a GPU run, and every preset on its own GPUs.
 
-Run as a script (`python tests/test_plan.py SPEC_JSON`) this file is the measuring subprocess.
+Run as a script (`python tests/dapo_core/test_plan.py SPEC_JSON`) this file is the measuring
+subprocess.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dapo_core.setup.plan import (
 )
 from dapo_core.setup.presets import HARDWARE, PRESETS, preset_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def qwen(name: str, **overrides: Any) -> ExperimentConfig:

@@ -26,7 +26,7 @@ from dapo_core.setup.overrides import parse_sets
 from dapo_core.train import trackers
 from dapo_core.train.trackers import FanoutSink, tracked_run, with_trackers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DAPO = str(Path(sys.executable).parent / "dapo")
 SMALL = [
     "--set=rollout.group_size=4",

@@ -57,7 +57,7 @@ def test_one_step_reads_like_algorithm_1() -> None:
     assert set(result.samples[0]) == {
         "prompt", "response", "ground_truth", "pred", "reward", "score",
         "overlong_penalty", "correct", "length", "truncated", "group", "member", "advantage",
-        "tokens",  # the per-token record of a trained rollout (tests/test_token_colours.py)
+        "tokens",  # the per-token record of a trained rollout (dapo_core/test_token_colours.py)
     }  # fmt: skip
     # The 3 kept of 16 responses are evenly spaced: 0, 5, 10 -> group 0 member 0, group 1
     # member 1, group 2 member 2. Groups 0 and 1 are constant (advantage exactly 0); group 2

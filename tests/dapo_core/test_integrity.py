@@ -35,7 +35,7 @@ from dapo_core.train.run_dir import (
 from dapo_core.train.safe_dcp import UnsafeCheckpoint
 from dapo_core.train.sinks import EVALUATIONS_FILE, METRICS_FILE, JsonlSink, repair_torn_tail
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DAPO = [sys.executable, "-m", "dapo_lab.cli"]
 
 

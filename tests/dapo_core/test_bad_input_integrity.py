@@ -29,7 +29,7 @@ from dapo_core.train.run_dir import (
     latest_step,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OWNER = {"store": "s", "sweep": 1, "arm": "grpo", "seed": 0, "config_hash": "h"}
 
 

@@ -26,7 +26,7 @@ from dapo_core.setup.ladders import (
 from dapo_core.setup.presets import PRESETS
 from dapo_lab.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """\
 # a comment survives nothing, but parses

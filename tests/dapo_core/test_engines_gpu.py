@@ -33,8 +33,8 @@ from dapo_core.setup.config import ExperimentConfig
 from dapo_core.setup.ladders import paper_ladder
 from dapo_core.train.runner import TrainResult, release_device_memory, train
 
-ROOT = Path(__file__).resolve().parents[1]
-# A few seconds a run on the tiny preset (tests/test_runner.py's sizes).
+ROOT = Path(__file__).resolve().parents[2]
+# A few seconds a run on the tiny preset (tests/dapo_core/test_runner.py's sizes).
 SMALL = {
     "rollout.group_size": 4,
     "batch.train_batch_size": 4,

@@ -22,7 +22,7 @@ from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.checkpoint import checkpoint_step, latest_checkpoint, load_trainer_state
 from dapo_core.train.runner import train
 
-DRIVER = str(Path(__file__).resolve().parent / "async_train_driver.py")
+DRIVER = str(Path(__file__).resolve().parents[1] / "async_train_driver.py")
 
 
 def async_cfg(arm: str, k: int, **extra: Any) -> ExperimentConfig:
