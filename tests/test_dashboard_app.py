@@ -373,7 +373,7 @@ def test_the_run_picker_lists_runs_in_the_tables_arm_order(fixture_store: fx.Fix
 def test_mechanisms_page_shows_each_arms_signature(fixture_store: fx.FixtureStore) -> None:
     at = open_page("mechanisms", sweep=fixture_store.sweep_id)
     assert at.number_input(key="mech-window").value == 10
-    # windows of 2 of the 5 rollout steps: the numbers of tests/test_db_queries.py
+    # windows of 2 of the 5 rollout steps: the numbers of tests/db/test_db_queries.py
     at.number_input(key="mech-window").set_value(2).run()
     assert not at.exception
     signature = at.dataframe[0].value

@@ -1,7 +1,7 @@
 """Unit tests of the Mechanisms and Grid pages' shaping, on small frames built by hand.
 
 The frames have db.mechanism_table.mechanism_table's and grid_table's columns; their statistics come
-from db.stats (pinned in tests/test_stats.py), so these tests pin what is shown and how.
+from db.stats (pinned in tests/db/test_stats.py), so these tests pin what is shown and how.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ SIX = {
 
 def _table(finals: dict[str, dict[int, float]] = FINALS) -> pd.DataFrame:
     """A db.ablation.ablation_table-shaped frame: 4 arms × seeds 0 and 1; dapo's seed 1 failed.
-    Its statistics come from db.stats (pinned in tests/test_stats.py); this file pins how
+    Its statistics come from db.stats (pinned in tests/db/test_stats.py); this file pins how
     they are shown."""
     starts = {s: 0.20 + 0.02 * (s % 2) for s in range(6)}
     arms = list(finals)

@@ -26,7 +26,7 @@ from db import engine as db_engine
 from db.sink import SPILL_PREFIX, IncompleteRun, SqlSink, check_every_step
 from db.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -172,7 +172,7 @@ def test_dashboard_page_shows_the_companions_where_logged(
     monkeypatch.setenv("DAPO_DB_URL", url)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
-    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    app = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     for sweep, has_decision in ((with_decision, True), (without, False)):
         at = AppTest.from_file(str(app), default_timeout=60.0)
         at.query_params["sweep"] = str(sweep)

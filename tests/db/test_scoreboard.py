@@ -366,7 +366,7 @@ def test_the_docs_page_is_written_from_the_store(
 ) -> None:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "scoreboard.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "scoreboard.py"
     spec = importlib.util.spec_from_file_location("scoreboard_script", path)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)

@@ -19,7 +19,7 @@ from db.errors import NotFound
 from db.models import ANNOTATIONS
 from db.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LADDER = [{"arm": "grpo", "adds": "baseline"}, {"arm": "clip_higher", "adds": "clip"}]
 
 

@@ -360,7 +360,7 @@ def test_rollouts_show_ground_truth_and_prediction_as_text(
     with store.sink(run_id) as sink:
         sink.log_samples(1, [{**_sample(0, 1), "pred": pred, "ground_truth": truth}])
     monkeypatch.setenv("DAPO_DB_URL", url)
-    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    app = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
     at = AppTest.from_file(str(app), default_timeout=60)
     at.query_params["run"] = str(run_id)
     at.run()

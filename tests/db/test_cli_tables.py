@@ -16,7 +16,7 @@ from dapo_cli import dapo
 from dapo_common import text
 from db import stats, table_format
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

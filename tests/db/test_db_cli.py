@@ -19,7 +19,7 @@ from db import ablation, migrate, table_format
 from db import engine as db_engine
 from db.mechanism_table import mechanism_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

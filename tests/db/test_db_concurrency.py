@@ -28,7 +28,7 @@ from store_runs import new_attempt
 
 from db.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WRITER = ROOT / "tests" / "db_writer.py"
 PROCESSES, STEPS, METRICS = 4, 2000, 20
 
@@ -205,7 +205,9 @@ def test_a_forked_child_opens_its_own_connections(store_url: str) -> None:
     (run_id,) = new_runs(store, 1)
     done = subprocess.run(
         [sys.executable, "-c", FORK_PARENT, store_url, str(run_id), str(METRICS)],
-        cwd=Path(__file__).parent,
+        # tests/ for db_writer; ROOT on the path, so that `db` is the package, not tests/db/
+        cwd=ROOT / "tests",
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
         timeout=300,
