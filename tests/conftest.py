@@ -164,7 +164,7 @@ def pg_urls(proxy: Any, request: pytest.FixtureRequest) -> Iterator[tuple[str, s
 # Sweeps through served deployments, pool workers and `dapo sweep` / `dapo arm`, killed actors and
 # workers, cancellations, store outages: what only a whole run shows, each run once, and minutes
 # of CPU together. `make test` leaves them out (one `dapo sweep` stays in it, in
-# tests/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
+# tests/flows/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -186,24 +186,24 @@ def pytest_configure(config: pytest.Config) -> None:
 # checks that it names a file).
 LONGEST_FIRST = (
     "dapo_core/test_distributed_runs.py",
-    "test_flows_cli.py",
+    "flows/test_flows_cli.py",
     # make test-e2e's four modules are the flow ones: cli, served, pool, ray (379, 349, 283 and
     # 120 s) packs two workers best in this order; their make test parts take seconds
-    "test_flows_served.py",
-    "test_flows_pool.py",
+    "flows/test_flows_served.py",
+    "flows/test_flows_pool.py",
     "dapo_core/test_async_workers.py",
     "db/test_db_cli.py",
-    "test_flows_arm_lease.py",
+    "flows/test_flows_arm_lease.py",
     "test_dashboard_rerun_confirm.py",
     "test_dashboard_pages_browser.py",
     "dapo_core/test_plan.py",
-    "test_warm_start_phase.py",
+    "flows/test_warm_start_phase.py",
     "dapo_core/test_load_once.py",
     "db/test_annotations.py",
     "dapo_core/test_async_runs.py",
-    "test_small_fixes_41.py",
+    "flows/test_cli_and_artifact_output.py",
     "dapo_core/test_distributed.py",
-    "test_flows_ray.py",
+    "flows/test_flows_ray.py",
     "dapo_core/test_checkpoint_retention.py",
     "test_dashboard_app.py",
     "db/test_db_concurrency.py",

@@ -6,7 +6,7 @@ workers (issue 11 §2): one placement group, a lost rank ending the try, `dapo s
 Each driver runs in its own interpreter (ray.init is once per process), which shuts its Ray
 down before it exits: nothing is left running. The tests of a local Ray start their own; the
 others join the session's warm Ray (conftest.warm_ray). The multi-node cluster is
-tests/test_cluster.py's.
+tests/flows/test_cluster.py's.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_the_store_host_names_each_workers_node_and_rank() -> None:
     assert describe(places) == (
         "gpu-7 (node 1a2b3c4d@10.0.0.5: ranks 0-3); gpu-8 (node 5e6f7a8b@10.0.0.6: rank 4)"
     )
-    # One machine, two nodes (as in tests/test_cluster.py): the node tells them apart.
+    # One machine, two nodes (as in tests/flows/test_cluster.py): the node tells them apart.
     same_host = {**b, "hostname": "gpu-7"}
     assert describe([{**a, "rank": 0}, {**same_host, "rank": 1}, {**a, "rank": 2}]) == (
         "gpu-7 (node 1a2b3c4d@10.0.0.5: ranks 0,2; node 5e6f7a8b@10.0.0.6: rank 1)"

@@ -26,7 +26,7 @@ from dapo_cli import ROOT, SMALL_OVERRIDES, dapo, stored_sweep
 
 from db.store import Store
 
-DRIVER = str(Path(__file__).resolve().parent / "arm_driver.py")
+DRIVER = str(Path(__file__).resolve().parents[1] / "arm_driver.py")
 WAIT_S = 120.0
 
 
@@ -44,6 +44,9 @@ class Drivers:
         )
         self.sweep_id = stored_sweep(self.store, params, "lease test")
         self.env = {**os.environ, "DAPO_DB_URL": url, "DAPO_RUNS_DIR": str(tmp / "runs")}
+        # The driver's own folder, tests/, comes first on its path: with the repository's root
+        # on it too, `flows` and `db` are the packages, not tests/flows/ and tests/db/.
+        self.env["PYTHONPATH"] = str(ROOT)
         self.start, self.go = tmp / "start", tmp / "go"
         self.procs: list[subprocess.Popen[str]] = []
 

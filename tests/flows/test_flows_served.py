@@ -128,7 +128,7 @@ def table_artifacts(served: Served, sweep_id: int, flow_run_ids: set[str]) -> li
 # --- bad parameters ----------------------------------------------------------------------------
 # Through a served flow run: a parameter the form's JSON editor typed wrong, and a place the
 # flow cannot reach. The other mistakes fail in the same checks (flows.checks.prepare_sweep),
-# tested below without a server and through `dapo sweep` in tests/test_flows_cli.py.
+# tested below without a server and through `dapo sweep` in tests/flows/test_flows_cli.py.
 SERVED_BAD = [
     (
         {"overrides": {"algo.clip_high": "high"}},
@@ -455,7 +455,7 @@ def test_a_killed_actor_is_replaced_and_resumes_from_its_checkpoint(served: Serv
 
 def test_the_deployments_carry_typed_forms() -> None:
     """The forms `dapo serve` and `dapo deploy` register (flows.serve.deployments(); that the
-    server keeps them as they are is tests/test_flows_pool.py's deploy test)."""
+    server keeps them as they are is tests/flows/test_flows_pool.py's deploy test)."""
     from dapo_core.setup.presets import PRESETS
     from flows.serve import deployments
 

@@ -18,7 +18,7 @@ from db.engine import get_engine
 from db.models import EVALUATIONS, METRICS, RUNS, SAMPLES, SWEEPS
 from db.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

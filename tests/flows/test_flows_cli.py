@@ -482,7 +482,7 @@ def test_a_ladder_files_arms_are_the_ones_a_sweep_can_name(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     """The file is read by the command and its arms offered in the file's order (a sweep of a
-    ladder's TOML text runs end to end in tests/test_flows_served.py)."""
+    ladder's TOML text runs end to end in tests/flows/test_flows_served.py)."""
     path = tmp_path / "mine.toml"
     path.write_text(LADDER_FILE)
     result = dapo("sweep", "--ladder", str(path), "--arms", "base,nope", env=env)

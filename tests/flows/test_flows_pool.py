@@ -43,7 +43,7 @@ from flows.params import SweepParams, validate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 POOL = "dapo-test-pool"
 K8S_POOL = "dapo-test-k8s-pool"
