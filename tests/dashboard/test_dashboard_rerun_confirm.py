@@ -24,7 +24,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import browser, rerun
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "dashboard" / "app.py"
 BIN = Path(sys.executable).parent
 

@@ -17,7 +17,7 @@ from table_stores import build_holm, build_threshold
 from db import ablation
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from dashboard import rerun, widgets
 from db import ablation
 from db.engine import get_engine
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT_S = 60.0
 
 

@@ -20,7 +20,7 @@ from db import annotations as ann
 from db import run_index
 from db.engine import get_engine
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT_S = 90.0
 
 

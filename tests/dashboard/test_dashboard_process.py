@@ -18,7 +18,7 @@ import pytest
 from dapo_common.util import free_port
 from dashboard import browser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DAPO = ROOT / ".venv" / "bin" / "dapo"
 
 

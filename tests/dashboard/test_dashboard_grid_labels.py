@@ -19,7 +19,7 @@ from dapo_common import metric_names as mn
 from dashboard import grids
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 BASE = "clip_higher"
 # arm -> (clip_high, final score of seeds 0 and 1)
 POINTS: dict[str, tuple[float, tuple[float, float]]] = {

@@ -16,7 +16,7 @@ from db import ablation
 from db import annotations as ann
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 SWEEPS = 30
 
 

@@ -2,7 +2,8 @@
 table in the picture has its rows, in the DOM and in the pixels.
 
 The store is the dashboard tests' fixture (tests/dashboard_fixtures.py), written without
-training. Skipped when Chromium is missing, except under CI (as tests/test_dashboard_browser.py).
+training. Skipped when Chromium is missing, except under CI (tests/chromium.py, as every browser
+test).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from chromium import find_chromium
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.browser
 
 

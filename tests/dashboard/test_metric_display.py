@@ -11,7 +11,7 @@ from dapo_common import metric_display as D
 from dapo_common import metric_names as M
 from db import mechanisms
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def logged_names() -> list[str]:

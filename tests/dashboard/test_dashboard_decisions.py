@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from db import looks
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 
 
 @pytest.fixture(scope="module")

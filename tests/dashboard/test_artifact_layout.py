@@ -33,7 +33,7 @@ from dashboard import browser
 from db import table_format
 from flows import plan, publish
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 WIDTH, HEIGHT = 1440, 900
 # the fixture's runs are 5 rollout steps: windows of 5; the first window's Δ leads

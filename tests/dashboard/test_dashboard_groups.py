@@ -25,7 +25,7 @@ from dashboard import token_colours as tc
 from dashboard.rollouts import NO_TOKENS
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT_S = 60.0
 
 # Group 0 was trained: rewards (+1, −1, −1, +1), mean 0, unbiased std √(4/3) = 1.1547, so its

@@ -24,7 +24,7 @@ from db.annotations import Target
 from db.engine import get_engine
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT_S = 60.0
 
 
