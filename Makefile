@@ -95,11 +95,11 @@ test-e2e: $(STAMP) system-deps
 
 # Two `ray start` nodes on this machine (2 CPUs each), stopped by their own pids at the end.
 test-cluster: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/flows/test_cluster.py
 
 # A Ray head with its job server on 127.0.0.1 (2 CPUs), stopped by its own pids at the end.
 test-rayjobs: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m rayjobs tests/test_ray_jobs.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m rayjobs tests/flows/test_ray_jobs.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not e2e and not browser and not cluster and not vllm and not reference and not realmodel and not trackers and not rayjobs"
@@ -107,7 +107,7 @@ test-fast: $(STAMP)
 # Trackio cannot join .venv (it wants pillow<13): its tests run in .venv-trackers, no torch needed.
 test-trackers:
 	bash scripts/setup_trackers.sh
-	.venv-trackers/bin/python -m pytest -q -m trackers tests/test_trackers.py
+	.venv-trackers/bin/python -m pytest -q -m trackers tests/dapo_core/test_trackers.py
 
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh

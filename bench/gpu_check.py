@@ -60,9 +60,10 @@ NOT_TENSORS = {"context", *MARGIN_ITEMS}
 HEAD_BOUND = {"max_rel_error": 1e-3, "max_ratio_to_plain_bf16": 0.1}
 """Item 4 of issue 22: under bf16 autocast the head's backward recomputes its logits in float32
 and normalises them by their own log-sum-exp, so its gradient (w.r.t. the hidden states and the
-weight, for a given upstream gradient) is float32's: 0 error on the CPU (tests/test_bf16_head.py)
-against 0.9-1.5% for plain bf16 logits at logits up to ~30. Before that fix it normalised by the
-forward's bf16 log-sum-exp: 1.6-3.3%. On CUDA the check reports against this bound."""
+weight, for a given upstream gradient) is float32's: 0 error on the CPU
+(tests/dapo_core/test_bf16_head.py) against 0.9-1.5% for plain bf16 logits at logits up to ~30.
+Before that fix it normalised by the forward's bf16 log-sum-exp: 1.6-3.3%. On CUDA the check
+reports against this bound."""
 LEAK_TOLERANCE_GIB = 0.25
 """What may stay allocated after a run ends (cached kernels' workspaces, the RNG state)."""
 

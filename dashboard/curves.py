@@ -233,7 +233,8 @@ class BandChart(alt.LayerChart):
     """band_chart's layered chart. Its `to_dict()` (what st.altair_chart calls on every page
     view) skips Altair's JSON-schema validation of the whole spec: half of its cost, 14 of 28 ms
     a chart (5 charts a curves page). The spec is assembled here from fixed parts, so it is
-    validated where those parts change: tests/test_curves_data.py validates every variant."""
+    validated where those parts change: tests/dashboard/test_curves_data.py validates every
+    variant."""
 
     def to_dict(self, validate: bool = False, **kwargs: Any) -> dict[str, Any]:
         return super().to_dict(validate=validate, **kwargs)

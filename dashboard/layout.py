@@ -4,8 +4,8 @@ At 1440 px the sidebar and Streamlit's margins leave a table about 980 px; the a
 has 16+ columns and the mechanism signature 8 long ones. Rather than shrink every column,
 each table shows its key columns first, at widths that fit together (what the row is, its
 result and its Δs, its status), and the rest follow, a scroll away. The browser test
-(tests/test_dashboard_layout.py) checks in Chromium at 1440 px that the KEY columns are whole
-on screen. Only the order and the widths change: the data (and its CSV) keep every column.
+(tests/dashboard/test_dashboard_layout.py) checks in Chromium at 1440 px that the KEY columns are
+whole on screen. Only the order and the widths change: the data (and its CSV) keep every column.
 """
 
 from __future__ import annotations

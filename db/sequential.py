@@ -23,7 +23,7 @@ the first p < 0.05 would find "effects" far more often than 5% of the time (Armi
 * At look k the comparison's own test is the exact paired sign-flip test of db.stats (the one
   the table's star uses), rejected when its p is at most the boundary's nominal level
   2(1 − Φ(c_k)): the decision then says "real". Its false-positive rate over all looks is
-  pinned by simulation in tests/test_sequential.py (normal, heavy-tailed and resampled real
+  pinned by simulation in tests/db/test_sequential.py (normal, heavy-tailed and resampled real
   per-seed differences, 2,000+ sequential sweeps each).
 * Futility (non-binding, so it can only lower the false-positive rate): before the last look,
   the conditional power under the current trend (Lan, Simon & Halperin 1982; the drift

@@ -186,7 +186,7 @@ def sign_flip_p(values: Sequence[float]) -> tuple[float, bool]:
 
 def sign_flip_p_many(rows: np.ndarray) -> np.ndarray:
     """sign_flip_p of each row of `rows` `[S, n]` (n <= EXACT_UP_TO): the simulations of
-    tests/test_sequential.py test thousands of comparisons per look.
+    tests/db/test_sequential.py test thousands of comparisons per look.
 
     Counted by halves rather than over all 2^n flips at once: a flip's sum is a + b, a from the
     2^h flips of the first h values and b from the rest, so the flips whose |a + b| reaches

@@ -13,7 +13,7 @@ alone, without the table's notes.
 
 The Prefect artifacts show the same cells with the key columns first (`key_first`,
 ARTIFACT_KEY): Prefect's UI gives a table about 880 px of a 1440 px screen, so what each arm
-scored comes before what is wide or secondary (tests/test_artifact_layout.py checks it).
+scored comes before what is wide or secondary (tests/dashboard/test_artifact_layout.py checks it).
 """
 
 from __future__ import annotations

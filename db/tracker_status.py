@@ -6,7 +6,7 @@ each of them (dapo_core/train/trackers.py: the evaluation's `trackers`, kept in 
 `evaluations.extra`): reached (with the tracker's run id and where to look), missing (library
 not installed), failed (refused at the start) or dropped (an error later; the run went on). The
 newest evaluation that says it speaks for the run. db imports nothing from dapo_core: the
-key and states are spelled here too, and tests/test_tracker_status.py ties them together.
+key and states are spelled here too, and tests/dapo_core/test_tracker_reach.py ties them together.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ it the other way round: a Prefect server of its own, the deployments registered 
 pool (`dapo deploy`), and workers (`dapo worker`) wherever the runs should start, each polling
 the pool. The deployments are `flows.serve.deployments()`, the same objects `dapo serve`
 serves, so the forms are the same; `prefect.yaml` describes the same three for `prefect deploy`
-(tests/test_flows_pool.py checks that the two agree).
+(tests/flows/test_flows_pool.py checks that the two agree).
 
 What `dapo worker` adds to `prefect worker start --pool NAME`:
 - it refuses a pool that does not exist (Prefect's worker would create an empty one, and wait

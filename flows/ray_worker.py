@@ -53,7 +53,7 @@ if "ray" not in sys.modules:
     # With this variable off, Ray takes this machine for a single-node setup and binds every
     # server (GCS, raylet, workers, agents) to the loopback address. Read once at import and
     # inherited by the processes Ray starts; a driver with it still joins a cluster at the
-    # machine's own address ($RAY_ADDRESS), which tests/test_flows_ray.py checks.
+    # machine's own address ($RAY_ADDRESS), which tests/flows/test_flows_ray.py checks.
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     # No metrics exporter: nothing here scrapes it, and it slows a local start by about 1 s.
     os.environ.setdefault("RAY_enable_metrics_collection", "0")

@@ -136,11 +136,35 @@ def backend(store_url: str) -> str:
     return "sqlite" if store_url.startswith("sqlite") else "postgresql"
 
 
+# PostgreSQL through a TCP proxy that a test takes down and brings back (tests/tcp_proxy.py): the
+# store outages of tests/db/test_db_outage.py and tests/flows/test_flows_arm_wall.py.
+@pytest.fixture
+def proxy() -> Iterator[Any]:
+    from tcp_proxy import TcpProxy
+
+    with TcpProxy((PG_HOST, PG_PORT)) as running:
+        yield running
+
+
+@pytest.fixture
+def pg_urls(proxy: Any, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(direct URL, URL through the proxy) of a fresh PostgreSQL schema."""
+    from db import engine as db_engine
+    from db.store import Store
+
+    direct: str = request.getfixturevalue("pg_schemas")()
+    through = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
+    assert through != direct  # the writes under test really go through the proxy
+    Store(direct)  # created directly, so the outage never meets a half-made schema
+    yield direct, through
+    db_engine.dispose(through)
+
+
 # --- the end-to-end flow runs: `make test-e2e` ----------------------------------------------------
 # Sweeps through served deployments, pool workers and `dapo sweep` / `dapo arm`, killed actors and
 # workers, cancellations, store outages: what only a whole run shows, each run once, and minutes
 # of CPU together. `make test` leaves them out (one `dapo sweep` stays in it, in
-# tests/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
+# tests/flows/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -158,41 +182,54 @@ def pytest_configure(config: pytest.Config) -> None:
 # is the classic schedule for that: these modules took 27-107 s of a worker each, in this order
 # (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them. The
 # Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out the files with the
-# most tests first, whatever this order says.
+# most tests first, whatever this order says. Each is a path relative to tests/ (test_layers.py
+# checks that it names a file).
 LONGEST_FIRST = (
-    "test_distributed_runs.py",
-    "test_flows_cli.py",
+    "dapo_core/test_distributed_runs.py",
+    "flows/test_flows_cli.py",
     # make test-e2e's four modules are the flow ones: cli, served, pool, ray (379, 349, 283 and
     # 120 s) packs two workers best in this order; their make test parts take seconds
-    "test_flows_served.py",
-    "test_flows_pool.py",
-    "test_async_workers.py",
-    "test_db_cli.py",
-    "test_flows_arm_lease.py",
-    "test_dashboard_rerun_confirm.py",
-    "test_dashboard_pages_browser.py",
-    "test_plan.py",
-    "test_warm_start_phase.py",
-    "test_load_once.py",
-    "test_annotations.py",
-    "test_async_runs.py",
-    "test_small_fixes_41.py",
-    "test_distributed.py",
-    "test_flows_ray.py",
-    "test_checkpoint_retention.py",
-    "test_dashboard_app.py",
-    "test_db_concurrency.py",
-    "test_cli_tables.py",
-    "test_dashboard_layout.py",
-    "test_artifact_layout.py",
-    "test_runner.py",
+    "flows/test_flows_served.py",
+    "flows/test_flows_pool.py",
+    "dapo_core/test_async_workers.py",
+    "db/test_db_cli.py",
+    "flows/test_flows_arm_lease.py",
+    "dashboard/test_dashboard_rerun_confirm.py",
+    "dashboard/test_dashboard_pages_browser.py",
+    "dapo_core/test_plan.py",
+    "flows/test_warm_start_phase.py",
+    "dapo_core/test_load_once.py",
+    "db/test_annotations.py",
+    "dapo_core/test_async_runs.py",
+    "flows/test_cli_and_artifact_output.py",
+    "dapo_core/test_distributed.py",
+    "flows/test_flows_ray.py",
+    "dapo_core/test_checkpoint_retention.py",
+    "dashboard/test_dashboard_app.py",
+    "db/test_db_concurrency.py",
+    "db/test_cli_tables.py",
+    "dashboard/test_dashboard_layout.py",
+    "dashboard/test_artifact_layout.py",
+    "dapo_core/test_runner.py",
 )
 
 
+TESTS = ROOT / "tests"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    under_tests: dict[Path, str] = {}  # a module's path -> its path relative to tests/
+
+    def rank_of(item: pytest.Item) -> int:
+        if item.path not in under_tests:
+            resolved = item.path.resolve()
+            relative = resolved.relative_to(TESTS) if resolved.is_relative_to(TESTS) else resolved
+            under_tests[item.path] = relative.as_posix()
+        return rank.get(under_tests[item.path], len(rank))
+
     # sorted() is stable: a module's own tests keep their order (their module fixtures rely on it).
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    items.sort(key=rank_of)
 
 
 # --- one warm Ray per test process for the flow tests ------------------------------------------

@@ -1,7 +1,7 @@
 """CPU seconds per test, of the test's whole process tree: a pytest plugin for the suite's
 speed work, which on a shared, loaded machine cannot compare wall times.
 
-    PYTHONPATH=tests .venv/bin/python -m pytest -p cpu_per_test -p no:xdist tests/test_x.py
+    PYTHONPATH=tests .venv/bin/python -m pytest -p cpu_per_test -p no:xdist tests/db/test_stats.py
     CPU_PER_TEST_JSON=out.json ...   # also every test's numbers and the processes it started
 
 Every SAMPLE_S a thread reads /proc: the pytest process and every process descended from it

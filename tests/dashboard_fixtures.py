@@ -312,7 +312,7 @@ GRID_POINTS: dict[str, tuple[float, float, float, float]] = {
     "dapo-clip_high=0.32-clip_low=0.2": (0.32, 0.2, 0.44, 0.02),
 }
 # The rungs `dapo sweep --arms dapo --grid algo.clip_high=0.24,0.28,0.32 --grid
-# algo.clip_low=0.16,0.2` stores (tests/test_db_queries.py checks them against expand_grid).
+# algo.clip_low=0.16,0.2` stores (tests/db/test_db_queries.py checks them against expand_grid).
 GRID_LADDER: list[dict[str, Any]] = [
     {
         "arm": arm,

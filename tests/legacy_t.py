@@ -1,6 +1,6 @@
 """The t distribution as db.stats computed it before it moved onto scipy (an incomplete-beta
 continued fraction and bisection), kept only as the reference that the tables did not change:
-tests/test_stats_scipy.py compares every interval with it."""
+tests/db/test_stats_scipy.py compares every interval with it."""
 
 from __future__ import annotations
 

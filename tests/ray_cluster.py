@@ -113,7 +113,7 @@ class RayCluster:
     nodes: list[Node] = field(default_factory=list)
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     temp_root: Path | None = None
-    # The head's dashboard, which serves Ray's job server (tests/test_ray_jobs.py): its port,
+    # The head's dashboard, which serves Ray's job server (tests/flows/test_ray_jobs.py): its port,
     # on 127.0.0.1 only; None leaves the dashboard off, as the other tests want it.
     job_server_port: int | None = None
     fast_health_checks: bool = True

@@ -229,7 +229,7 @@ def test_the_repository_tables_and_their_markers_match() -> None:
         for p in pages
         for name in dt.marker_names(p.read_text(encoding="utf-8"))
     }
-    # docs/mechanisms.md's tables are scripts/scoreboard.py's (tests/test_scoreboard.py)
+    # docs/mechanisms.md's tables are scripts/scoreboard.py's (tests/db/test_scoreboard.py)
     scoreboard = {("docs/mechanisms.md", name) for name in _load_script("scoreboard").TABLES}
     assert marked == {(t.page, t.name) for t in tables} | scoreboard
     for table in tables:

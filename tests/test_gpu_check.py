@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from test_bf16_head import gpu_check
+from gpu_check_loader import gpu_check
 
 from dapo_common import metric_names as M
 from dapo_core.setup.plan import GIB, plan_memory

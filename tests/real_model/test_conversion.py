@@ -156,8 +156,9 @@ def _model_copy(real_dir: Path, dest: Path, *, skip: tuple[str, ...] = ()) -> Pa
 
 
 def test_dapo_train_before_the_conversion_says_how_to_convert(tmp_path: Path) -> None:
-    # Offline, so that the command cannot convert it on first use (tests/test_real_model_first_use.py
-    # covers the conversion): it says how to get the model instead.
+    # Offline, so that the command cannot convert it on first use
+    # (tests/dapo_core/test_real_model_first_use.py covers the conversion): it says how to get the
+    # model instead.
     done = _dapo_train(tmp_path, DAPO_CACHE_DIR=str(tmp_path / "empty-cache"), HF_HUB_OFFLINE="1")
     line = _one_line(done)
     assert "not converted" in line and "make real-model" in line, line

@@ -3,9 +3,9 @@
 One `dapo train --workers 2 --steps 1` of SmolLM2-135M leaves checkpoints/step_1 with both the
 float32 masters as 2 workers' shards (dcp/) and the HF export the ranks gathered from their live
 parameters (model/): two independent writes of the same weights. The tiny model's suite
-(tests/test_distributed_runs.py) proves resume-equivalence step by step; here what only the real
-model has is checked on the paths a resume takes: 30 decoder layers, grouped-query attention and
-tied embeddings through FSDP2, DCP and a resharded load.
+(tests/dapo_core/test_distributed_runs.py) proves resume-equivalence step by step; here what only
+the real model has is checked on the paths a resume takes: 30 decoder layers, grouped-query
+attention and tied embeddings through FSDP2, DCP and a resharded load.
 
 - The shards, loaded the way each resume loads them (one plain process: runner.OneWorker; two
   gloo ranks: distributed.Ranks), are the export bit for bit, and the export is not the

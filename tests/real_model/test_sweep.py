@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_dashboard_browser import ARTIFACTS, find_chromium
+from chromium import ARTIFACTS, find_chromium
 
 from dashboard import browser
 

@@ -256,7 +256,7 @@ def test_quadratic_inputs_get_the_reference_verdict(
     math_dapo: types.ModuleType, truth: str
 ) -> None:
     # Small enough for the reference to finish; ours is linear on the large versions
-    # (tests/test_rewards.py::test_megabytes_of_adversarial_text_score_fast).
+    # (tests/dapo_core/test_rewards.py::test_megabytes_of_adversarial_text_score_fast).
     for response in ("Answer: 1", f"Answer: {truth}", f"\\boxed{{{truth}}}"):
         assert math_score(response, truth).acc == _reference_verdict(math_dapo, response, truth)[1]
     assert dapo_normalize(truth) == math_dapo.normalize_final_answer(truth)
