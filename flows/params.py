@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -85,6 +86,15 @@ def parse_ladder(ladder: str, preset: str) -> Ladder:
             "ladder's TOML text: paste the file's text (`dapo sweep --ladder FILE` reads a file)"
         )
     return Ladder.from_toml(ladder, source="the ladder's TOML", preset=preset)
+
+
+@functools.lru_cache(maxsize=1024)
+def _arm_config(ladder: str, preset: str, overrides: str, arm: str) -> ExperimentConfig:
+    """One arm's config, resolved once per process for the same ladder, preset and overrides
+    (their JSON): a `dapo sweep` process asks for each (arm, seed) while validating its
+    parameters, planning its jobs, checking its overrides and planning each arm, and an
+    ExperimentConfig is frozen. An error is not cached."""
+    return parse_ladder(ladder, preset).config(arm, preset, json.loads(overrides))
 
 
 def _row(name: str, default_from: str, *, bounded: bool = False) -> Any:
@@ -318,10 +328,9 @@ class SweepParams(BaseModel):
         is one line here, before the sweep exists, not a warning in every arm."""
         from dapo_core.setup.tracker_backends import check_trackers
 
-        ladder = self.parsed_ladder
         for arm in self.arms:
             try:
-                config = ladder.config(arm, self.preset, self.config_overrides(0))
+                config = self.arm_config(arm, self.seeds[0])
             except ValueError:  # the sweep's config checks (plan.sweep_jobs) say it their way
                 continue
             check_trackers(config.to_dict())
@@ -355,6 +364,15 @@ class SweepParams(BaseModel):
     def parsed_ladder(self) -> Ladder:
         """The sweep's ladder (parsed once per text and preset: see parse_ladder)."""
         return parse_ladder(self.ladder, self.preset)
+
+    def arm_config(self, arm: str, seed: int) -> ExperimentConfig:
+        """The experiment config of (arm, seed): the sweep's ladder, its preset, then its
+        overrides; a bad combination raises ValueError naming the arm and seed."""
+        overrides = json.dumps(self.config_overrides(seed), sort_keys=True, default=repr)
+        try:
+            return _arm_config(self.ladder, self.preset, overrides, arm)
+        except ValueError as exc:
+            raise ValueError(f"{arm} seed {seed}: {exc}") from None
 
     def config_overrides(self, seed: int) -> dict[str, Any]:
         """Dotted overrides of one (arm, seed) run on top of the preset and the arm's changes."""

@@ -54,17 +54,8 @@ class ArmJob:
         return f"{self.arm} s{self.seed}"
 
 
-def arm_config(params: SweepParams, arm: str, seed: int) -> ExperimentConfig:
-    """The experiment config of (arm, seed) in a sweep: the sweep's own ladder (stored in its
-    parameters), its preset, then its overrides; a bad combination raises ValueError."""
-    try:
-        return params.parsed_ladder.config(arm, params.preset, params.config_overrides(seed))
-    except ValueError as exc:
-        raise ValueError(f"{arm} seed {seed}: {exc}") from None
-
-
 def arm_job(params: SweepParams, arm: str, seed: int) -> ArmJob:
-    cfg = arm_config(params, arm, seed)
+    cfg = params.arm_config(arm, seed)
     return ArmJob(arm=arm, seed=seed, config=cfg.to_dict(), config_hash=cfg.config_hash())
 
 
@@ -89,7 +80,7 @@ def check_overrides_keep_arms(params: SweepParams) -> None:
         if arm.parent is None or not set(arm.changes) & set(overrides):
             continue
         mine, parents = (
-            _flat_without_arm(arm_config(params, a, params.seeds[0])) for a in (name, arm.parent)
+            _flat_without_arm(params.arm_config(a, params.seeds[0])) for a in (name, arm.parent)
         )
         if mine == parents:
             keys = ", ".join(k for k in arm.changes if k in overrides)

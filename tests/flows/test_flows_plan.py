@@ -64,6 +64,20 @@ def test_blank_form_fields_mean_the_default() -> None:
     assert p.model is None and p.store_url is None and p.ray_address is None
 
 
+def test_an_arms_config_is_resolved_once_per_process() -> None:
+    # Parameters validated twice (the sweep's, then each arm's from the store) and every step of
+    # a sweep's plan share one config per (arm, seed, overrides); another override is another.
+    raw = {"arms": ["grpo", "dapo"], "seeds": [0, 1], "overrides": {"run.steps": 3}}
+    first, again = validate(SweepParams, raw), validate(SweepParams, dict(raw))
+    assert first.arm_config("dapo", 1) is again.arm_config("dapo", 1)
+    jobs = plan.sweep_jobs(first)
+    assert [j.config for j in jobs] == [first.arm_config(j.arm, j.seed).to_dict() for j in jobs]
+    assert first.arm_config("dapo", 0) is not first.arm_config("dapo", 1)
+    other = validate(SweepParams, {**raw, "overrides": {"run.steps": 4}})
+    assert other.arm_config("dapo", 1) is not first.arm_config("dapo", 1)
+    assert other.arm_config("dapo", 1).run.steps == 4
+
+
 def test_config_overrides_put_the_seed_last_and_skip_unset_values() -> None:
     p = validate(
         SweepParams, {"steps": 3, "eval_k": 2, "overrides": {"run.seed": 99, "optim.lr": 1e-3}}
