@@ -144,6 +144,7 @@ def proxy() -> Iterator[Any]:
 
     with TcpProxy((PG_HOST, PG_PORT)) as running:
         yield running
+        running.unhang()  # a thread waiting on a hung proxy ends with the test
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,28 +26,6 @@ from db.sink import SPILL_PREFIX, IncompleteRun, SqlSink, check_every_step
 from db.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def proxy() -> Iterator[TcpProxy]:
-    from conftest import PG_HOST, PG_PORT
-
-    with TcpProxy((PG_HOST, PG_PORT)) as running:
-        yield running
-        running.unhang()  # a thread waiting on a hung proxy ends with the test
-
-
-@pytest.fixture
-def pg_urls(proxy: TcpProxy, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    """(direct URL, URL through the proxy) of a fresh PostgreSQL schema."""
-    from conftest import PG_PORT
-
-    direct: str = request.getfixturevalue("pg_schemas")()
-    through = direct.replace(f":{PG_PORT}/", f":{proxy.port}/")
-    assert through != direct
-    Store(direct)  # made directly, so the outage never meets a half-made schema
-    yield direct, through
-    db_engine.dispose(through)
 
 
 # --- 1. opening a store waits within the outage budget ------------------------------------------
