@@ -168,21 +168,6 @@ def pg_urls(proxy: Any, request: pytest.FixtureRequest) -> Iterator[tuple[str, s
 # tests/flows/test_flows_cli.py); `make test-e2e` runs them, and .ci/run runs both.
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under pytest-xdist, the controller builds the tiny preset's warm-started model on every
-    core before the workers start (only where it is not cached yet: a fresh clone, CI). Left to
-    the workers, the first file that needs it built it on one thread (142 s in a CI rehearsal,
-    2026-11-29) while the other worker's tests that need it waited on its lock."""
-    if _WORKER or not getattr(session.config.option, "numprocesses", None):
-        return
-    from dapo_core.models import prepare_policy
-    from dapo_core.setup.config import ModelConfig
-
-    say = session.config.get_terminal_writer().line
-    prepare_policy(ModelConfig(), say=say, threads=os.cpu_count() or 1)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
