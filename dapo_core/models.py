@@ -66,6 +66,8 @@ TINY_BUILD_VERSION = 1
 WARM_START_SEED = 0
 """The warm start does not depend on the run's seed: every arm and seed starts from one model."""
 BUILD_LOG = "builds.jsonl"
+# torch threads of every tiny-model build (see tiny_model_dir).
+WARM_START_THREADS = 1
 """One line per tiny-model build in the cache root (key, seconds, final loss)."""
 INFO_FILE = "warm_start.json"
 Say = Callable[[str], None]
@@ -212,18 +214,18 @@ def prepare_policy(
     there). Callers run it before they start their clocks, so that an arm's time never counts
     this one-time phase.
 
-    `threads`: torch's threads while it builds (then restored), the count the run's own
-    process would have built it with (an arm's granted CPUs, run.num_threads): more threads
-    than the cores this user gets make each step wait for the slowest one (warm-start steps on
-    a 2-core machine at a load of 15, 2026-11-28: 4.2-5.5 s on 2 threads, 0.7-1.8 s on 1)."""
+    `threads`: torch's threads while it converts the real model (then restored), the count the
+    run's own process would have used (an arm's granted CPUs, run.num_threads): more threads
+    than the cores this user gets make each step wait for the slowest one. The tiny model's
+    warm start always runs on one thread (tiny_model_dir), so that its weights do not depend on
+    who built it."""
     from dapo_core import real_model
 
     name = model_cfg.name_or_path
     if name in TINY_TASKS:
         if is_tiny_cached(model_cfg):
             return False
-        with torch_threads(threads):
-            tiny_model_dir(model_cfg, say=say)
+        tiny_model_dir(model_cfg, say=say)
         return True
     if name == real_model.NAME:
         if real_model.is_converted():
@@ -285,7 +287,12 @@ def tiny_model_dir(model_cfg: ModelConfig, *, say: Say | None = None) -> Path:
         t0 = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
-            info = build_tiny_model(model_cfg, tmp, on_step=warm_start_reporter(report))
+            # One thread, whatever the caller has: the weights must be a function of the cache
+            # key, and two threads sum differently from one (a 600-step build ended at a loss
+            # of 0.2315 against 0.2382 on one CPU, 2026-11-29); whichever process builds first
+            # fills the machine's cache for every later run.
+            with torch_threads(WARM_START_THREADS):
+                info = build_tiny_model(model_cfg, tmp, on_step=warm_start_reporter(report))
             if not (tmp / "config.json").is_file():
                 # transformers' save_pretrained writes only on rank 0 of an initialised
                 # torch.distributed group; a cache without weights must never be published.
