@@ -66,9 +66,9 @@ TINY_BUILD_VERSION = 1
 WARM_START_SEED = 0
 """The warm start does not depend on the run's seed: every arm and seed starts from one model."""
 BUILD_LOG = "builds.jsonl"
-# torch threads of every tiny-model build (see tiny_model_dir).
-WARM_START_THREADS = 1
 """One line per tiny-model build in the cache root (key, seconds, final loss)."""
+WARM_START_THREADS = 1
+"""torch threads of every tiny-model build, whatever the caller has (see tiny_model_dir)."""
 INFO_FILE = "warm_start.json"
 Say = Callable[[str], None]
 """Where a one-time phase says how it goes: one line per call."""

@@ -368,7 +368,9 @@ class SweepParams(BaseModel):
     def arm_config(self, arm: str, seed: int) -> ExperimentConfig:
         """The experiment config of (arm, seed): the sweep's ladder, its preset, then its
         overrides; a bad combination raises ValueError naming the arm and seed."""
-        overrides = json.dumps(self.config_overrides(seed), sort_keys=True, default=repr)
+        # The cache's key; the overrides are JSON values (the form's, --set's, the fields'), so
+        # the config is built from exactly them.
+        overrides = json.dumps(self.config_overrides(seed), sort_keys=True)
         try:
             return _arm_config(self.ladder, self.preset, overrides, arm)
         except ValueError as exc:

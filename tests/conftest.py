@@ -218,19 +218,16 @@ LONGEST_FIRST = (
 TESTS = ROOT / "tests"
 
 
+def _under_tests(path: Path) -> str:
+    """A test module's path relative to tests/ (LONGEST_FIRST's spelling)."""
+    resolved = path.resolve()
+    return resolved.relative_to(TESTS).as_posix() if resolved.is_relative_to(TESTS) else ""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    under_tests: dict[Path, str] = {}  # a module's path -> its path relative to tests/
-
-    def rank_of(item: pytest.Item) -> int:
-        if item.path not in under_tests:
-            resolved = item.path.resolve()
-            relative = resolved.relative_to(TESTS) if resolved.is_relative_to(TESTS) else resolved
-            under_tests[item.path] = relative.as_posix()
-        return rank.get(under_tests[item.path], len(rank))
-
     # sorted() is stable: a module's own tests keep their order (their module fixtures rely on it).
-    items.sort(key=rank_of)
+    items.sort(key=lambda item: rank.get(_under_tests(item.path), len(rank)))
 
 
 # --- one warm Ray per test process for the flow tests ------------------------------------------

@@ -79,6 +79,7 @@ class UpdateObserver:
 
 
 def frac(x: float, n: float) -> float:
+    """A share of counts, NaN when nothing was counted (the update's metrics use it too)."""
     return x / n if n else math.nan
 
 

@@ -50,7 +50,7 @@ from dapo_core.train.batching import (
 )
 from dapo_core.train.collective import Collective, shard
 from dapo_core.train.memory import PhaseMemory
-from dapo_core.train.observers import LossPass, UpdateObserver, split_sums
+from dapo_core.train.observers import LossPass, UpdateObserver, frac, split_sums
 from dapo_core.train.policy import PolicyForward
 
 log = logging.getLogger(__name__)
@@ -115,10 +115,6 @@ class UpdateStats:
         c = self.counts or Counts()
         mm = self.mismatch or {}
         n_mm = mm.get("mismatch_tokens", 0.0)
-
-        def frac(x: float, n: float) -> float:
-            return x / n if n else math.nan
-
         return {
             M.POLICY_LOSS: self.policy_loss,
             M.KL_LOSS: self.kl_loss,

@@ -70,8 +70,12 @@ def test_an_arms_config_is_resolved_once_per_process() -> None:
     raw = {"arms": ["grpo", "dapo"], "seeds": [0, 1], "overrides": {"run.steps": 3}}
     first, again = validate(SweepParams, raw), validate(SweepParams, dict(raw))
     assert first.arm_config("dapo", 1) is again.arm_config("dapo", 1)
-    jobs = plan.sweep_jobs(first)
-    assert [j.config for j in jobs] == [first.arm_config(j.arm, j.seed).to_dict() for j in jobs]
+    # ... and it is the config the ladder builds from the overrides directly.
+    direct = first.parsed_ladder.config("dapo", "tiny", first.config_overrides(1))
+    assert first.arm_config("dapo", 1).to_dict() == direct.to_dict()
+    assert [j.config_hash for j in plan.sweep_jobs(first)] == [
+        first.arm_config(a, s).config_hash() for a in ("grpo", "dapo") for s in (0, 1)
+    ]
     assert first.arm_config("dapo", 0) is not first.arm_config("dapo", 1)
     other = validate(SweepParams, {**raw, "overrides": {"run.steps": 4}})
     assert other.arm_config("dapo", 1) is not first.arm_config("dapo", 1)
