@@ -1,7 +1,7 @@
 """Async rollouts against sync: step time and trainer throughput of one arm, in one run.
 
     python bench/bench_async.py [--preset tiny] [--arm dapo] [--steps 8] [--rounds 2]
-                                [--staleness 1] [--threads 2]
+                                [--staleness 1] [--threads 2] [--rollout-actor]
 
 Runs `dapo train` on the same arm, seed and steps with rollout.mode=sync and with
 rollout.mode=async at max_staleness k, alternating for `rounds` rounds (sync, async, sync,
@@ -16,6 +16,11 @@ On a CPU both sides share the same cores (the worker is a thread of the trainer'
 its own engine), so what overlaps is only what one side leaves idle; on a GPU node the rollout
 engine has a device of its own and the overlap is the point. The held-out evaluations are off
 (data.eval_every=0) so that both modes time only their steps.
+
+`--rollout-actor` adds a third mode, `actor`: async at the same k with the rollout engine on a
+Ray actor of its own (flows/rollout_actor.py) in a local Ray of `threads` CPUs, the trainer on
+threads − 1 torch threads and the engine's actor on 1 CPU: the same cores, split between two
+processes instead of shared by two threads of one.
 """
 
 from __future__ import annotations
@@ -40,8 +45,33 @@ def _dapo() -> str:
     return str(here) if here.exists() else "dapo"
 
 
+ACTOR_RUN = """
+import json, sys
+from pathlib import Path
+from flows import ray_worker  # first: it binds the local Ray to loopback
+from flows.rollout_actor import RolloutPlacement, host_for
+from dapo_core.setup.ladders import paper_ladder
+from dapo_core.train.runner import train
+from dapo_core.train.sinks import JsonlSink
+
+preset, arm, steps, k, threads, out = sys.argv[1:7]
+ray_worker.connect("local", num_cpus=int(threads))
+overrides = {"data.eval_every": 0, "run.num_threads": max(1, int(threads) - 1), "run.steps": int(steps),
+             "rollout.mode": "async", "rollout.max_staleness": int(k)}
+cfg = paper_ladder().config(arm, preset, overrides)
+sink = JsonlSink(Path(out))
+try:
+    train(cfg, sink=sink, out_dir=Path(out), resume=False,
+          engine_host=host_for(RolloutPlacement(1.0), cfg.to_dict()))
+finally:
+    sink.close()
+    ray_worker.shutdown()
+"""
+
+
 def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
-    """One `dapo train` run; its metrics summarised."""
+    """One `dapo train` run (or, for `actor`, runner.train with the engine on a Ray actor);
+    its metrics summarised."""
     sets = ["data.eval_every=0", f"run.num_threads={args.threads}"]
     if mode == "async":
         sets += ["rollout.mode=async", f"rollout.max_staleness={args.staleness}"]
@@ -49,7 +79,10 @@ def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     cmd += ["--seed", "0", "--out", str(out), "--no-resume", "--quiet"]
     for s in sets:
         cmd += ["--set", s]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    if mode == "actor":
+        cmd = [sys.executable, "-c", ACTOR_RUN, args.preset, args.arm, str(args.steps)]
+        cmd += [str(args.staleness), str(args.threads), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
@@ -72,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rollout-actor", action="store_true")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.rounds < 1 or args.staleness < 0 or args.threads < 1:
         print(
@@ -84,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         f"load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
-    results: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
+    modes = ("sync", "async", "actor") if args.rollout_actor else ("sync", "async")
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         for r in range(args.rounds):
-            for mode in ("sync", "async"):
+            for mode in modes:
                 got = run_once(args, mode, Path(tmp) / f"{mode}-{r}")
                 results[mode].append(got)
                 print(
@@ -102,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         f"best step time: sync {best['sync']['step_s']:.2f} s, async {best['async']['step_s']:.2f} s; "
         f"async/sync {ratio:.2f} (below 1: the overlap pays); load after {os.getloadavg()[0]:.1f}"
     )
+    if "actor" in best:
+        print(
+            f"engine on its own actor: async {best['actor']['step_s']:.2f} s; actor/sync "
+            f"{best['actor']['step_s'] / best['sync']['step_s']:.2f}"
+        )
     return 0
 
 

@@ -253,6 +253,34 @@ def _resource_args(
         help="spread an arm's workers over the cluster's nodes (default: pack them on as few "
         "nodes as possible)",
     )
+    p.add_argument(
+        "--rollout-actor",
+        action="store_true",
+        default=False if sweep else None,
+        help="each worker's rollout engine on a Ray actor of its own, with --rollout-cpus and "
+        "--rollout-gpus (with --set rollout.mode=async: generation beside the update)",
+    )
+    p.add_argument(
+        "--rollout-cpus",
+        type=_positive_cpus,
+        default=1.0 if sweep else None,
+        help="CPUs of each rollout engine's actor"
+        + (" (default 1)" if sweep else " (default: the sweep's)"),
+    )
+    p.add_argument(
+        "--rollout-gpus",
+        type=non_negative_float,
+        default=0.0 if sweep else None,
+        help="GPUs of each rollout engine's actor"
+        + (" (default 0)" if sweep else " (default: the sweep's)"),
+    )
+    p.add_argument(
+        "--rollout-resource",
+        default="" if sweep else None,
+        metavar="NAME",
+        help="a custom Ray resource of the node(s) the rollout engines go to (`ray start "
+        "--resources '{\"NAME\": 1}'`)",
+    )
 
 
 def _submit_arg(p: argparse.ArgumentParser, *, default: str | None) -> None:
@@ -357,6 +385,10 @@ def cmd_arm(args: argparse.Namespace) -> int:
         "gpus": args.gpus,
         "workers": args.workers,
         "placement": "SPREAD" if args.spread else None,
+        "rollout_actor": args.rollout_actor,
+        "rollout_cpus": args.rollout_cpus,
+        "rollout_gpus": args.rollout_gpus,
+        "rollout_resource": args.rollout_resource,
     }
     if any(v is not None for v in given.values()):
         # What is not given stays the sweep's (e.g. --workers 1 keeps the sweep's CPUs).
@@ -453,6 +485,10 @@ def sweep_raw(args: argparse.Namespace, ladder: str, arms: list[str] | None) -> 
             "gpus": args.gpus,
             "workers": args.workers,
             "placement": "SPREAD" if args.spread else "PACK",
+            "rollout_actor": args.rollout_actor,
+            "rollout_cpus": args.rollout_cpus,
+            "rollout_gpus": args.rollout_gpus,
+            "rollout_resource": args.rollout_resource,
         },
         "overrides": _overrides(args.set),
         "store_url": args.store,
@@ -564,12 +600,15 @@ def check_local_fit(address: str | None, resources: Any) -> None:
     cpus = float(os.cpu_count() or 1)
     try:
         plan.check_fits({"CPU": cpus, "GPU": float("inf")}, resources)
-    except ValueError:
-        n = resources.workers
-        each = f"{n} workers × {resources.cpus:g}" if n > 1 else f"{resources.cpus:g}"
+    except ValueError as exc:
+        if "rollout_resource" in str(exc):
+            raise  # a local instance offers no custom resource: the line says how to get one
+        n, want = resources.workers, plan.per_worker(resources)["CPU"]
+        each = f"{n} workers × {want:g}" if n > 1 else f"{want:g}"
         raise ValueError(
             f"each arm asks for {each} CPU(s) but this machine has {cpus:g} (a local Ray "
             "instance gets them all): lower --cpus"
+            + (" or --rollout-cpus" if resources.rollout_actor else "")
             + (" or --workers" if n > 1 else "")
             + ", or join a bigger cluster (--ray-address)"
         ) from None

@@ -47,6 +47,7 @@ def train(run_id: int) -> dict[str, Any]:
     from db.store import Store
     from flows import cluster, ray_jobs, ray_worker
     from flows.params import Resources
+    from flows.rollout_actor import host_for, placement_of
 
     spec = json.loads(os.environ[ray_jobs.JOB_ENV])
     owner, resources = spec["owner"], Resources.model_validate(spec["resources"])
@@ -80,7 +81,11 @@ def train(run_id: int) -> dict[str, Any]:
     host = f"{socket.gethostname()} (Ray job)"
     say(ray_jobs.PLACED, {"host": host})
     job = ray_worker.TrainJob(config, store_url, run_id, out_dir, owner)
-    return {**ray_worker.train_one_worker(job, on_progress), "host": host}
+    placement = placement_of(resources)
+    if placement is not None:
+        ray_worker.connect()  # the engine's actor goes on the job's cluster
+    engine_host = host_for(placement, config)
+    return {**ray_worker.train_one_worker(job, on_progress, engine_host=engine_host), "host": host}
 
 
 if __name__ == "__main__":

@@ -132,6 +132,24 @@ class Resources(BaseModel):
         description="where an arm's workers go: PACK (as few nodes as possible) or SPREAD "
         "(over as many nodes as possible; best effort)",
     )
+    rollout_actor: bool = Field(
+        False,
+        description="each worker's rollout engine on a Ray actor of its own (its own CPUs or "
+        "GPUs below, in the arm's placement group), not in the worker's process; with "
+        "rollout.mode=async the generation then runs beside the update on separate devices",
+    )
+    rollout_cpus: float = Field(
+        1.0, gt=0, description="CPUs of each rollout engine's actor (with rollout_actor)"
+    )
+    rollout_gpus: float = Field(
+        0.0, ge=0, description="GPUs of each rollout engine's actor (with rollout_actor)"
+    )
+    rollout_resource: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.:-]*$",
+        description="a custom Ray resource the rollout engines' node offers (`ray start "
+        "--resources '{\"rollout\": 1}'`): the engines go there (with rollout_actor)",
+    )
 
 
 class Adaptive(BaseModel):

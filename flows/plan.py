@@ -131,32 +131,50 @@ def looks_like_path(value: str) -> bool:
     return is_local_path(value) or value.endswith((".jsonl", ".json", ".parquet"))
 
 
+def per_worker(resources: Resources) -> dict[str, float]:
+    """What each of an arm's workers holds: its own CPUs and GPUs, and its rollout engine's
+    actor's when the engine has one (resources.rollout_actor)."""
+    cpus, gpus = resources.cpus, resources.gpus
+    if resources.rollout_actor:
+        cpus, gpus = cpus + resources.rollout_cpus, gpus + resources.rollout_gpus
+    return {"CPU": cpus, "GPU": gpus}
+
+
 def concurrency(cluster: Mapping[str, float], resources: Resources, n_jobs: int) -> int:
     """How many arms can train at once on a cluster with these total resources.
 
     Ray queues an actor it cannot place, so this only keeps the flows from starting runs that
     would sit waiting; it is at least 1 (Ray then waits for resources other drivers hold).
     """
-    # An arm of N workers is N bundles of (cpus, gpus): it holds N times each.
-    n = resources.workers
-    fits = [math.floor(cluster.get("CPU", 0.0) / (resources.cpus * n) + 1e-9)]
-    if resources.gpus > 0:
-        fits.append(math.floor(cluster.get("GPU", 0.0) / (resources.gpus * n) + 1e-9))
+    # An arm of N workers is N bundles of (cpus, gpus), and N engines' with rollout actors.
+    n, each = resources.workers, per_worker(resources)
+    fits = [math.floor(cluster.get("CPU", 0.0) / (each["CPU"] * n) + 1e-9)]
+    if each["GPU"] > 0:
+        fits.append(math.floor(cluster.get("GPU", 0.0) / (each["GPU"] * n) + 1e-9))
     return max(1, min(min(fits), n_jobs))
 
 
 def check_fits(cluster: Mapping[str, float], resources: Resources) -> None:
     """An arm that asks for more than the whole cluster has would wait forever: refuse it."""
-    n = resources.workers
-    for key, want in (("CPU", resources.cpus), ("GPU", resources.gpus)):
+    n, each = resources.workers, per_worker(resources)
+    engines = " (its workers' and its rollout engines')" if resources.rollout_actor else ""
+    for key, want in each.items():
         have = cluster.get(key, 0.0)
         if want > 0 and have + 1e-9 < want * n:
-            each = f"{n} workers × {want:g}" if n > 1 else f"{want:g}"
+            per = f"{n} workers × {want:g}" if n > 1 else f"{want:g}"
             raise ValueError(
-                f"each arm asks for {each} {key}(s) but the Ray cluster has {have:g}: "
-                f"lower resources.{key.lower()}s"
+                f"each arm asks for {per} {key}(s){engines} but the Ray cluster "
+                f"has {have:g}: lower resources.{key.lower()}s"
+                + (f" or resources.rollout_{key.lower()}s" if engines else "")
                 + (" or resources.workers" if n > 1 else "")
                 + " or join a bigger cluster"
+            )
+    if resources.rollout_actor and resources.rollout_resource:
+        name = resources.rollout_resource
+        if cluster.get(name, 0.0) <= 0:
+            raise ValueError(
+                f"resources.rollout_resource={name!r}: no node of the Ray cluster offers it "
+                f"(start one with `ray start --resources '{{\"{name}\": 1}}'`)"
             )
 
 

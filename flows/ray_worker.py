@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
 if "ray" not in sys.modules:
@@ -62,6 +62,10 @@ import ray
 from dapo_common.util import first_line, free_port
 from flows import cluster, plan
 from flows.params import Resources
+from flows.rollout_actor import RolloutPlacement, host_for, placement_of
+
+if TYPE_CHECKING:
+    from dapo_core.engines.base import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -240,11 +244,21 @@ def place_arm(
 
 
 def resources_text(resources: Resources) -> str:
-    """`1 CPU`, `2 workers × (1 CPU, 1 GPU), SPREAD`."""
-    each = f"{resources.cpus:g} CPU" + (f", {resources.gpus:g} GPU" if resources.gpus else "")
-    if resources.workers == 1:
-        return each
-    return f"{resources.workers} workers × ({each}), {resources.placement}"
+    """`1 CPU`, `2 workers × (1 CPU, 1 GPU), SPREAD`, `1 CPU; rollout engine: 1 CPU`."""
+
+    def devices(cpus: float, gpus: float) -> str:
+        return f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "")
+
+    each = devices(resources.cpus, resources.gpus)
+    text = each
+    if resources.workers > 1:
+        text = f"{resources.workers} workers × ({each}), {resources.placement}"
+    if resources.rollout_actor:
+        where = f" on {resources.rollout_resource} nodes" if resources.rollout_resource else ""
+        per = " each" if resources.workers > 1 else ""
+        engine = devices(resources.rollout_cpus, resources.rollout_gpus)
+        text += f"; rollout engine{per}: an actor of {engine}{where}"
+    return text
 
 
 def probe(address: str) -> None:
@@ -349,11 +363,15 @@ class ArmTrainer:
         run_id: int,
         out_dir: str,
         owner: dict[str, Any],
+        rollout: RolloutPlacement | None = None,
     ) -> dict[str, Any]:
+        """`rollout`: the engine on an actor of its own (flows/rollout_actor.py)."""
         self._progress, self._run_id = None, run_id
         try:
             result = train_one_worker(
-                TrainJob(config, store_url, run_id, out_dir, owner), self._set_progress
+                TrainJob(config, store_url, run_id, out_dir, owner),
+                self._set_progress,
+                engine_host=host_for(rollout, config),
             )
         finally:
             self._run_id = None
@@ -371,9 +389,12 @@ class ArmTrainer:
         out_dir: str,
         owner: dict[str, Any],
         gpu: bool,
+        rollout: RolloutPlacement | None = None,
+        group: Any = None,
     ) -> dict[str, Any]:
         """Rank `rank` of `world_size` (see the module docstring); every rank returns the same
-        result."""
+        result. With `rollout`, the rank's engine goes on an actor of its own, in bundle
+        world_size + rank of the arm's placement group `group`."""
         from dapo_core.train.distributed import train_worker
 
         # Rank 0 speaks for the job; the other ranks' warnings would repeat its own.
@@ -393,6 +414,7 @@ class ArmTrainer:
             # Ray shows a GPU actor only the GPU(s) it granted: its device 0.
             local_rank=0 if gpu else None,
             num_threads=self._threads,
+            engine_host=host_for(rollout, config, group=group, bundle_index=world_size + rank),
         )
         return self._result(result)
 
@@ -443,7 +465,10 @@ class ArmTrainer:
 
 
 def train_one_worker(
-    job: TrainJob, on_progress: Callable[[dict[str, Any]], None] | None = None
+    job: TrainJob,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    engine_host: EngineHost | None = None,
 ) -> dict[str, Any]:
     """One worker trains store run `job.run_id` in this process: a pooled Ray actor's
     (ArmTrainer.train) or a Ray job's entrypoint (flows/job_entry.py). The store's sink (with
@@ -470,6 +495,7 @@ def train_one_worker(
             resume=True,
             progress=report,
             owner=job.owner,
+            engine_host=engine_host,
         )
     finally:
         sink.close()
@@ -658,7 +684,7 @@ def _run_training(
         place = _gather([actor.where.remote()], [actor])[0]
         if on_placed is not None:
             on_placed([{**place, "rank": 0}])
-        call = actor.train.remote(*job)
+        call = actor.train.remote(*job, placement_of(resources))
         result = _wait(actor, call, on_progress)
         reusable = True
         return result
@@ -680,12 +706,14 @@ def run_group(
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    n = resources.workers
+    n, rollout = resources.workers, placement_of(resources)
     bundle: dict[str, float] = {"CPU": resources.cpus}
     if resources.gpus > 0:
         bundle["GPU"] = resources.gpus
+    # Bundles 0..N-1 hold the workers, N..2N-1 their engines' actors (with rollout_actor).
+    engines = [rollout.bundle() for _ in range(n)] if rollout is not None else []
     group = placement_group(
-        [dict(bundle) for _ in range(n)],
+        [dict(bundle) for _ in range(n)] + engines,
         strategy=resources.placement,
         name=f"{plan.actor_name(job.run_id)}-workers",
     )
@@ -721,7 +749,7 @@ def run_group(
             on_placed(places)
         init_method = _gather([actors[0].rendezvous.remote()], actors)[0]
         calls = [
-            actor.train_rank.remote(rank, n, init_method, *job, resources.gpus > 0)
+            actor.train_rank.remote(rank, n, init_method, *job, resources.gpus > 0, rollout, group)
             for rank, actor in enumerate(actors)
         ]
         results = _wait_group(actors, calls, places, on_progress)
@@ -825,6 +853,10 @@ def _task_error(exc: Any) -> Exception:
     from dapo_common.cli_args import USER_ERRORS
 
     cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+    if isinstance(cause, ray.exceptions.RayActorError):
+        # The run's rollout engine actor (flows/rollout_actor.py) or its node was lost: the
+        # try ends as a lost actor does, and the flow's retry resumes from the checkpoint.
+        return ActorLost(f"the rollout engine's Ray actor died: {first_line(cause)}")
     if isinstance(cause, USER_ERRORS):
         # A user mistake (bad data file, bad model path, a directory of another run or one
         # that cannot be written) or a store that stayed down: keep its class and its line.

@@ -7,7 +7,7 @@ that were sampled and recomputes their log-probabilities under the current polic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -79,3 +79,9 @@ class RolloutEngine(Protocol):
         next run in this process finds the device free. Called once a run ends, whether it
         succeeded or failed; idempotent, and the engine is not used afterwards."""
         ...
+
+
+EngineHost = Callable[[Callable[[], RolloutEngine]], RolloutEngine]
+"""Where a run's rollout engine lives: handed the engine's recipe (a picklable call that builds
+it), returns the engine to sample with. Without one a run calls the recipe in its own process;
+the flows put the engine on a Ray actor of its own (flows/rollout_actor.py)."""

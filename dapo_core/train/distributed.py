@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import json
 import logging
 import os
@@ -58,7 +59,7 @@ import torch
 from torch import nn
 
 from dapo_common.util import free_port
-from dapo_core.engines.base import RolloutEngine
+from dapo_core.engines.base import EngineHost, RolloutEngine
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.assembly import Parts, Run, assemble_and_train
 from dapo_core.train.collective import Collective, full_tensor, open_collective
@@ -319,6 +320,7 @@ def train_worker(
     local_rank: int | None = None,
     num_threads: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    engine_host: EngineHost | None = None,
 ) -> TrainResult:
     """Rank `rank` of a `world_size`-worker training job of one arm; every rank calls it with
     the same arguments but its rank, and every rank returns the same TrainResult.
@@ -335,6 +337,8 @@ def train_worker(
         num_threads: torch CPU threads of this worker (default: run.num_threads or torch's).
         timeout_s: how long a tensor collective waits for a missing rank before failing
             (object collectives and barriers: run.collective_timeout_s).
+        engine_host: where this rank's rollout engine lives (dapo_core.engines.base.EngineHost,
+            e.g. a Ray actor of its own); by default it is built in this process.
     """
     import torch.distributed as dist
 
@@ -364,7 +368,7 @@ def train_worker(
             coll = open_collective(cfg.run.collective_timeout_s)
             result = assemble_and_train(
                 cfg,
-                Ranks(coll, device, sink_factory),
+                Ranks(coll, device, sink_factory, engine_host=engine_host),
                 out_dir=Path(out_dir),
                 resume=resume,
                 owner=owner,
@@ -394,6 +398,7 @@ class Ranks:
     sink_factory: Callable[[], MetricsSink] | None
     own_streams: dict[str, Any] | None = None
     """This rank's random streams from a sharded checkpoint (build reads, restore loads)."""
+    engine_host: EngineHost | None = None
 
     def claim(self, run: Run) -> Path | None:
         from dapo_core.train.runner import open_run_dir
@@ -439,7 +444,9 @@ class Ranks:
         fresh_stream = ckpt is not None and self.own_streams is None and rank > 0
         step = checkpoint_step(ckpt) if fresh_stream and ckpt else 0
         seed = engine_seed(cfg.run.seed, rank, step)
-        engine = _make_rank_engine(cfg, model, tokenizer, device, coll, run.out_dir, seed=seed)
+        engine = _make_rank_engine(
+            cfg, model, tokenizer, device, coll, run.out_dir, seed=seed, host=self.engine_host
+        )
         run.cleanup.callback(engine.close)
 
         if cfg.rollout.engine == "vllm":
@@ -543,10 +550,11 @@ def _make_rank_engine(
     out_dir: Path,
     *,
     seed: int,
+    host: EngineHost | None = None,
 ) -> RolloutEngine:
     """This rank's engine, made before the policy is sharded: hf copies the whole weights;
     vllm reads only the config (the model may be on the meta device) and gets its weights from
-    the shards by the first sync."""
+    the shards by the first sync. `host` places it (built here without one)."""
     from dapo_core.engines import make_engine
 
     dtype = compute_dtype(cfg.model.dtype)
@@ -562,12 +570,23 @@ def _make_rank_engine(
             shutil.rmtree(init_dir, ignore_errors=True)
             write_skeleton(model, tokenizer, init_dir)
         coll.barrier()
-        return make_engine(
-            "vllm", model, tokenizer, cfg, seed=seed, init_dir=init_dir, sync_first=False
+        recipe = functools.partial(
+            make_engine,
+            "vllm",
+            model,
+            tokenizer,
+            cfg,
+            seed=seed,
+            init_dir=init_dir,
+            sync_first=False,
         )
-    # Async: the engine samples on the worker's thread, with a tokenizer of its own.
-    own = copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer
-    return make_engine("hf", rollout_copy(model, dtype, device), own, cfg, seed=seed)
+    else:
+        # Async: the engine samples on the worker's thread, with a tokenizer of its own.
+        own = copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer
+        recipe = functools.partial(
+            make_engine, "hf", rollout_copy(model, dtype, device), own, cfg, seed=seed
+        )
+    return recipe() if host is None else host(recipe)
 
 
 def _on_rank0(coll: Collective, fn: Callable[[], Any]) -> Any:

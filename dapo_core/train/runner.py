@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import logging
 import random
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_common.util import flatten
+from dapo_core.engines.base import EngineHost
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.assembly import Parts, Run, assemble_and_train
 from dapo_core.train.checkpoint import (
@@ -102,9 +104,13 @@ def train(
     resume: bool = True,
     progress: Callable[[dict[str, Any]], None] | None = None,
     owner: Mapping[str, Any] | None = None,
+    engine_host: EngineHost | None = None,
 ) -> TrainResult:
     """Train `cfg.run.steps` rollout steps in this process (resuming from out_dir when a
     checkpoint is there, written by one worker or by many).
+
+    `engine_host` places the rollout engine (dapo_core.engines.base.EngineHost: e.g. on a Ray
+    actor of its own); by default it is built here.
 
     `owner` names the job the directory belongs to (see dapo_core.train.run_dir.claim); a
     directory owned by another job is refused before anything in it is read. Many workers:
@@ -118,7 +124,7 @@ def train(
         device = setup_torch(cfg)
         return assemble_and_train(
             cfg,
-            OneWorker(device, sink),
+            OneWorker(device, sink, engine_host=engine_host),
             out_dir=Path(out_dir),
             resume=resume,
             owner=owner,
@@ -136,6 +142,7 @@ class OneWorker:
     device: str
     metrics: MetricsSink
     dist: Collective = LOCAL
+    engine_host: EngineHost | None = None
 
     def claim(self, run: Run) -> Path | None:
         return open_run_dir(run.cfg, run.out_dir, resume=run.resume, owner=run.owner)
@@ -153,13 +160,15 @@ class OneWorker:
                 load_sharded_model(model, ckpt)  # N workers' masters, resharded into one process
             else:
                 load_model_weights(model, ckpt)
-        engine = make_engine(
+        recipe = functools.partial(
+            make_engine,
             cfg.rollout.engine,
-            rollout_model(cfg, model),
+            rollout_model(cfg, model, hosted=self.engine_host is not None),
             copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer,
             cfg,
             work_dir=run.out_dir,
         )
+        engine = recipe() if self.engine_host is None else self.engine_host(recipe)
         run.cleanup.callback(engine.close)
         trainer = Trainer(cfg, model, tokenizer, engine, run.problems)
         run.cleanup.callback(trainer.close)  # the rollout worker stops before its engine closes
@@ -190,11 +199,14 @@ class OneWorker:
         return self.metrics
 
 
-def rollout_model(cfg: ExperimentConfig, model: PreTrainedModel) -> PreTrainedModel:
+def rollout_model(
+    cfg: ExperimentConfig, model: PreTrainedModel, *, hosted: bool = False
+) -> PreTrainedModel:
     """The model the one-worker hf engine samples from: the trainer's own in sync mode (weight
     sync is free), a copy in async mode, where the rollout worker samples while the trainer
-    updates (the copy gets the weights by version; vllm holds its own copy either way)."""
-    if cfg.rollout.mode != "async" or cfg.rollout.engine != "hf":
+    updates (the copy gets the weights by version; vllm holds its own copy either way). A
+    hosted engine (an EngineHost) gets the model pickled into its recipe: a copy already."""
+    if hosted or cfg.rollout.mode != "async" or cfg.rollout.engine != "hf":
         return model
     return copy.deepcopy(model)
 

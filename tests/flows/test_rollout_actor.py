@@ -1,0 +1,132 @@
+"""The rollout engine on a Ray actor of its own (flows/rollout_actor.py, `--rollout-actor`).
+
+An async run at max_staleness 0 with its engine on an EngineActor of the session's warm Ray
+trains exactly what the same run with the engine in its own process trains (metrics, samples
+and evaluations bit for bit), while the engine ran in another process. The resources an arm
+asks for count the engines' actors, and a plan that cannot hold them is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from dapo_cli import FAST, ROOT
+from ray_cluster import RayCluster
+
+from dapo_common import metric_names as M
+from dapo_core.setup.ladders import paper_ladder
+from flows import plan
+from flows.params import Resources
+from flows.ray_worker import resources_text
+from flows.rollout_actor import RolloutPlacement
+
+DRIVER = str(Path(__file__).resolve().parents[1] / "rollout_actor_driver.py")
+
+
+def computed(metrics: dict[str, float]) -> dict[str, float]:
+    """What a run computes, not how long it took (time/..., perf/...)."""
+    return {k: v for k, v in metrics.items() if not k.startswith((M.TIME_PREFIX, "perf/"))}
+
+
+def same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+def test_an_engine_on_its_own_actor_trains_what_the_local_engine_does(
+    tmp_path: Path, warm_ray: RayCluster
+) -> None:
+    # dapo: dynamic sampling over-samples and carries groups over; every response kept.
+    overrides = {
+        **FAST,
+        "run.steps": 2,
+        "run.samples_per_step": 16,
+        "run.num_threads": 1,
+        "rollout.mode": "async",
+        "rollout.max_staleness": 0,
+    }
+    cfg = paper_ladder().config("dapo", "tiny", overrides)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+        **warm_ray.client_env(),
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, DRIVER, str(tmp_path / "config.json"), str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    local = json.loads((tmp_path / "local.json").read_text())
+    actor = json.loads((tmp_path / "actor.json").read_text())
+    (where,) = json.loads((tmp_path / "where.json").read_text())
+
+    assert where["engine"]["pid"] != where["trainer_pid"]  # sampled in another process
+    assert sorted(actor["metrics"]) == ["1", "2"]
+    for step, metrics in local["metrics"].items():
+        a, b = computed(metrics), computed(actor["metrics"][step])
+        assert M.POLICY_LOSS in a and M.STALENESS_MEAN in a
+        assert set(a) == set(b), (step, set(a) ^ set(b))
+        differ = {k: (a[k], b[k]) for k in a if not same(a[k], b[k])}
+        assert not differ, (step, differ)  # exactly equal: not approximately
+    assert actor["samples"] == local["samples"]
+    assert actor["evaluations"] == local["evaluations"]
+
+
+def test_an_arm_asks_for_its_engines_actors_too() -> None:
+    plain = Resources(cpus=2, workers=2)
+    hosted = Resources(cpus=2, workers=2, rollout_actor=True, rollout_cpus=1, rollout_gpus=0.5)
+    assert plan.per_worker(plain) == {"CPU": 2.0, "GPU": 0.0}
+    assert plan.per_worker(hosted) == {"CPU": 3.0, "GPU": 0.5}
+    # 12 CPUs hold two arms of 2 × 2 CPUs, one arm of 2 × 3 (and the engines' GPUs).
+    assert plan.concurrency({"CPU": 12, "GPU": 4}, plain, 5) == 3
+    assert plan.concurrency({"CPU": 12, "GPU": 4}, hosted, 5) == 2
+    assert plan.concurrency({"CPU": 12, "GPU": 1}, hosted, 5) == 1
+    plan.check_fits({"CPU": 6, "GPU": 1}, hosted)
+    with pytest.raises(ValueError) as refused:
+        plan.check_fits({"CPU": 5, "GPU": 1}, hosted)
+    line = str(refused.value)
+    assert "\n" not in line and "2 workers × 3 CPU(s)" in line
+    assert "rollout engines'" in line and "resources.rollout_cpus" in line
+    assert resources_text(hosted) == (
+        "2 workers × (2 CPU), PACK; rollout engine each: an actor of 1 CPU, 0.5 GPU"
+    )
+    # Without rollout_actor the engine's fields ask for nothing.
+    assert plan.per_worker(Resources(rollout_cpus=8)) == {"CPU": 1.0, "GPU": 0.0}
+
+
+def test_a_rollout_resource_no_node_offers_is_refused_in_one_line() -> None:
+    hosted = Resources(rollout_actor=True, rollout_resource="rollout")
+    plan.check_fits({"CPU": 4, "GPU": 0, "rollout": 1.0}, hosted)
+    with pytest.raises(ValueError) as refused:
+        plan.check_fits({"CPU": 4, "GPU": 0}, hosted)
+    assert str(refused.value).startswith("resources.rollout_resource='rollout': no node ")
+    assert RolloutPlacement(1, 0, "rollout").bundle() == {"CPU": 1, "rollout": 0.001}
+    with pytest.raises(ValueError):
+        Resources(rollout_resource="no spaces here")
+
+
+def test_a_lost_engine_actor_ends_the_try_as_a_lost_actor_that_the_flow_retries() -> None:
+    import ray.exceptions
+
+    from flows import arm, ray_worker
+
+    # What ArmTrainer.train's task raises when its engine's actor (or that node) died.
+    failed = SimpleNamespace(cause=ray.exceptions.ActorDiedError())
+    lost = ray_worker._task_error(failed)
+    assert isinstance(lost, ray_worker.ActorLost)
+    assert str(lost).startswith("the rollout engine's Ray actor died: ")
+    # The flow's task retries it (a training error would be final).
+    state = SimpleNamespace(result=lambda raise_on_failure: lost)
+    assert arm._actor_died(None, None, state)
