@@ -78,6 +78,7 @@ FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "DAPO_STORE_OUTAGE_S",
+    "DAPO_PLACEMENT_WAIT_S",  # a rollout engine's actor is placed from the training actor
     # run.loggers' trackers (dapo_core/train/trackers.py). Not their API keys: runtime_env
     # values show in Ray's dashboard; log the cluster's nodes in (`wandb login`) instead.
     "MLFLOW_TRACKING_URI",
@@ -842,10 +843,20 @@ def _wait(
             break
     try:
         return dict(ray.get(ref))
+    except ray.exceptions.RayTaskError as exc:
+        # First: a task that raised an actor error of its own (its rollout engine's actor was
+        # lost) is a RayTaskError and, by its cause's class, a RayActorError too.
+        raise _task_error(exc) from None
     except ray.exceptions.RayActorError as exc:
         raise ActorLost(f"the Ray actor died: {first_line(exc, with_type=True)}") from None
-    except ray.exceptions.RayTaskError as exc:
-        raise _task_error(exc) from None
+
+
+def _itself_lost(exc: BaseException) -> bool:
+    """The actor (or its node) died, rather than its task raising, e.g. because an actor it
+    called (its rollout engine's) died: that error is a RayTaskError as well."""
+    return isinstance(exc, ray.exceptions.RayActorError) and not isinstance(
+        exc, ray.exceptions.RayTaskError
+    )
 
 
 def _task_error(exc: Any) -> Exception:
@@ -911,7 +922,7 @@ def _wait_group(
             continue
         # A failure: every rank but the lost or failing one waits in a collective, so the
         # outcome is decided now; run_group's finally kills what is left.
-        lost = [r for r, e in failed.items() if isinstance(e, ray.exceptions.RayActorError)]
+        lost = [r for r, e in failed.items() if _itself_lost(e)]
         if lost:
             rank = lost[0]
             raise _lost(rank, n, places[rank], failed[rank], actors[rank])

@@ -151,8 +151,19 @@ def actor_host(
         made += 1
         actor = EngineActor.options(**options).remote(recipe, deterministic)  # type: ignore[attr-defined]
         engine = RemoteEngine(actor)
+        from flows.ray_worker import placement_wait_s  # the module that imports this one
+
+        wait_s = placement_wait_s()
         try:
-            engine.where()  # the engine is built (or its recipe raised) before training starts
+            # The engine is built (or its recipe raised) before training starts; an actor Ray
+            # cannot place (no node offers its resources) gives up as an arm's group does.
+            ray.get(actor.where.remote(), timeout=wait_s if wait_s > 0 else None)
+        except ray.exceptions.GetTimeoutError:
+            engine.close()
+            raise RuntimeError(
+                f"could not place the rollout engine's actor ({placement.bundle()}) within "
+                f"{wait_s:g} s ($DAPO_PLACEMENT_WAIT_S): no live node has it free"
+            ) from None
         except ray.exceptions.RayActorError as exc:
             engine.close()
             raise RuntimeError(

@@ -42,7 +42,8 @@ from dapo_common.util import free_port
 RAY = str(Path(sys.executable).parent / "ray")
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
-OBJECT_STORE_BYTES = 96 * 1024 * 1024  # configs and small dicts only travel through it
+# Configs, small dicts and the tiny model's weights (a rollout engine's actor) travel through it.
+OBJECT_STORE_BYTES = 96 * 1024 * 1024
 FAST_HEALTH_CHECKS = {
     "health_check_initial_delay_ms": 1000,
     "health_check_period_ms": 500,
@@ -156,7 +157,8 @@ class RayCluster:
         for _ in range(nodes):
             self.add_node()
 
-    def add_node(self) -> Node:
+    def add_node(self, resources: Mapping[str, float] | None = None) -> Node:
+        """A node more (the head first), offering `resources` (custom Ray resources) too."""
         index = len(self.nodes)
         if self.temp_root is None:
             # Ray's unix sockets live under the temp dir, and their paths may not exceed 107
@@ -200,6 +202,8 @@ class RayCluster:
                 args += ["--system-config", json.dumps(FAST_HEALTH_CHECKS)]
         else:
             args += ["--address", self.address]
+        if resources:
+            args += ["--resources", json.dumps(dict(resources))]
         log = self.root / f"node{index}.log"
         env = self.env
         # flows.ray_worker turns this off on import (a local Ray on loopback only); inherited

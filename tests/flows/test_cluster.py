@@ -8,7 +8,8 @@ test proves none is left. `dapo sweep` runs as a subprocess and joins it the way
 
 In file order: two arms that need a whole node each land on different nodes; one arm of two
 workers spread over both nodes; the same arm losing the second node mid-run, retried by the
-flow's task retry and resumed from its checkpoint on the surviving node; the cluster stops.
+flow's task retry and resumed from its checkpoint on the surviving node; an async arm whose
+rollout engine's node is lost, resumed with its engine on a replacement node; the cluster stops.
 """
 
 from __future__ import annotations
@@ -229,6 +230,61 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
     killed = f"node {node_ids[1]} killed; the arm's latest checkpoint then: step {saved}"
     done = f"sweep done {t_done - t_kill:.1f} s after the kill"
     print("\n".join(["", killed, *story, done]))
+
+
+def test_losing_the_rollout_engines_node_mid_async_run_is_retried_and_resumed(
+    cluster: RayCluster, work: dict[str, Any]
+) -> None:
+    """An async arm (max_staleness 1) trains on the head while its rollout engine's actor runs
+    on a node of its own (the only one offering the `rollout` resource). That node is lost
+    after the first checkpoint, with batches queued or in flight: the try ends as a lost actor,
+    a replacement node joins, and the flow's retry resumes from the checkpoint with a new
+    engine actor there; every step is trained and stored once."""
+    steps = 5
+    engine_node = cluster.add_node({"rollout": 1})
+    proc = dapo_sweep(
+        {**work["env"], "RAY_ADDRESS": cluster.address},
+        *("--arms", "dapo", "--cpus", "1", "--rollout-actor", "--rollout-resource", "rollout"),
+        *("--set", "rollout.mode=async", "--set", "rollout.max_staleness=1"),
+        *("--steps", str(steps), "--name", "engine-loss"),
+    )
+    try:
+        deadline = time.monotonic() + SWEEP_TIMEOUT_S
+        latest = None
+        while latest is None and time.monotonic() < deadline and proc.poll() is None:
+            run_dir = _run_dir(work["url"], "engine-loss")
+            if run_dir is not None and (run_dir / "checkpoints" / "latest").is_file():
+                latest = run_dir / "checkpoints" / "latest"
+            time.sleep(0.2)
+        assert latest is not None, "no checkpoint appeared"
+        raylet = cluster.kill_node(engine_node.index)
+        saved = int(latest.read_text().strip().removeprefix("step_"))
+        cluster.add_node({"rollout": 1})  # the replacement the retry's engine goes to
+        out, _ = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc_stat(raylet) is None
+
+    (run,) = [r for r in runs(work["url"]) if r["arm"] == "dapo"]
+    assert run["status"] == "completed" and run["tries"] == 2, (run, out[-3000:])
+    assert run["error"] is None, run["error"]
+    lost = [line for line in out.splitlines() if "rollout engine's Ray actor died" in line]
+    assert len(lost) == 1, out[-3000:]
+    assert "rollout engine: an actor of 1 CPU on rollout nodes" in out, out[-3000:]
+    resumed = re.findall(r"resuming from the checkpoint at step (\d+)", out)
+    assert len(resumed) == 1 and saved <= int(resumed[0]) <= steps, (saved, out)
+
+    from db import reads
+    from db.engine import get_engine
+
+    curves = reads.metric_curves(get_engine(work["url"]), [run["id"]])
+    assert (curves.groupby(["step", "name"]).size() == 1).all()  # once each
+    rollout = curves[curves["name"] == "progress/rollout_step"].set_index("step")["value"]
+    assert rollout.to_dict() == {s: float(s) for s in range(1, steps + 1)}
+    lag = curves[curves["name"] == "staleness/max"]["value"]
+    assert len(lag) == steps and lag.max() <= 2  # k + 1 for dynamic sampling's carried groups
 
 
 def _run_dir(url: str, sweep_name: str) -> Path | None:
