@@ -62,7 +62,7 @@ cfg = paper_ladder().config(arm, preset, overrides)
 sink = JsonlSink(Path(out))
 try:
     train(cfg, sink=sink, out_dir=Path(out), resume=False,
-          engine_host=host_for(RolloutPlacement(1.0), cfg.to_dict()))
+          engine_host=host_for(RolloutPlacement(1.0), cfg.to_dict(), wait_s=600))
 finally:
     sink.close()
     ray_worker.shutdown()

@@ -84,7 +84,7 @@ def train(run_id: int) -> dict[str, Any]:
     placement = placement_of(resources)
     if placement is not None:
         ray_worker.connect()  # the engine's actor goes on the job's cluster
-    engine_host = host_for(placement, config)
+    engine_host = host_for(placement, config, wait_s=ray_worker.placement_wait_s())
     return {**ray_worker.train_one_worker(job, on_progress, engine_host=engine_host), "host": host}
 
 

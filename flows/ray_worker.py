@@ -372,7 +372,7 @@ class ArmTrainer:
             result = train_one_worker(
                 TrainJob(config, store_url, run_id, out_dir, owner),
                 self._set_progress,
-                engine_host=host_for(rollout, config),
+                engine_host=host_for(rollout, config, wait_s=placement_wait_s()),
             )
         finally:
             self._run_id = None
@@ -415,7 +415,13 @@ class ArmTrainer:
             # Ray shows a GPU actor only the GPU(s) it granted: its device 0.
             local_rank=0 if gpu else None,
             num_threads=self._threads,
-            engine_host=host_for(rollout, config, group=group, bundle_index=world_size + rank),
+            engine_host=host_for(
+                rollout,
+                config,
+                wait_s=placement_wait_s(),
+                group=group,
+                bundle_index=world_size + rank,
+            ),
         )
         return self._result(result)
 

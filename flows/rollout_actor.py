@@ -134,11 +134,13 @@ def actor_host(
     placement: RolloutPlacement,
     *,
     deterministic: bool,
+    wait_s: float,
     scheduling: Callable[[int], Any] | None = None,
 ) -> EngineHost:
     """The EngineHost that puts each engine asked of it on an EngineActor of `placement`'s
-    resources. `scheduling(i)`, when given, is the i-th engine's scheduling strategy (a bundle
-    of the arm's placement group); without it Ray places the actor by its resources alone."""
+    resources, waiting up to `wait_s` for Ray to place it (0: without limit). `scheduling(i)`,
+    when given, is the i-th engine's scheduling strategy (a bundle of the arm's placement
+    group); without it Ray places the actor by its resources alone."""
     made = 0
 
     def host(recipe: Callable[[], RolloutEngine]) -> RolloutEngine:
@@ -151,9 +153,6 @@ def actor_host(
         made += 1
         actor = EngineActor.options(**options).remote(recipe, deterministic)  # type: ignore[attr-defined]
         engine = RemoteEngine(actor)
-        from flows.ray_worker import placement_wait_s  # the module that imports this one
-
-        wait_s = placement_wait_s()
         try:
             # The engine is built (or its recipe raised) before training starts; an actor Ray
             # cannot place (no node offers its resources) gives up as an arm's group does.
@@ -190,11 +189,13 @@ def host_for(
     placement: RolloutPlacement | None,
     config: Mapping[str, Any],
     *,
+    wait_s: float,
     group: Any = None,
     bundle_index: int = 0,
 ) -> EngineHost | None:
     """The EngineHost a training actor uses for `placement` (None: the engine in its own
-    process). With `group` (the arm's placement group), its engine goes into bundle
+    process), waiting up to `wait_s` for its actor's placement (flows.ray_worker's placement
+    wait). With `group` (the arm's placement group), its engine goes into bundle
     `bundle_index`. The engine computes as the trainer would: deterministic kernels on CPU."""
     if placement is None:
         return None
@@ -212,4 +213,6 @@ def host_for(
                 placement_group=group, placement_group_bundle_index=bundle_index + i
             )
 
-    return actor_host(placement, deterministic=device == "cpu", scheduling=scheduling)
+    return actor_host(
+        placement, deterministic=device == "cpu", wait_s=wait_s, scheduling=scheduling
+    )

@@ -42,7 +42,10 @@ def main() -> None:
     from dapo_core.train.runner import train
 
     cfg = ExperimentConfig.from_dict(config)
-    hosts: dict[str, Any] = {"local": None, "actor": host_for(RolloutPlacement(1.0), config)}
+    hosts: dict[str, Any] = {
+        "local": None,
+        "actor": host_for(RolloutPlacement(1.0), config, wait_s=600),
+    }
     where: list[dict[str, Any]] = []
     for name, host in hosts.items():
         if host is not None:

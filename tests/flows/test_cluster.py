@@ -163,15 +163,7 @@ def test_losing_a_node_mid_run_is_retried_and_resumed_on_the_surviving_node(
         "node-loss",
     )
     try:
-        # Wait for the first checkpoint of this sweep's run.
-        deadline = time.monotonic() + SWEEP_TIMEOUT_S
-        latest = None
-        while latest is None and time.monotonic() < deadline and proc.poll() is None:
-            run_dir = _run_dir(work["url"], "node-loss")
-            if run_dir is not None and (run_dir / "checkpoints" / "latest").is_file():
-                latest = run_dir / "checkpoints" / "latest"
-            time.sleep(0.2)
-        assert latest is not None, "no checkpoint appeared"
+        latest = _first_checkpoint(proc, work["url"], "node-loss")
         t_kill = time.monotonic()
         raylet = cluster.kill_node(1)
         saved = int(latest.read_text().strip().removeprefix("step_"))  # at the kill, or after
@@ -249,14 +241,7 @@ def test_losing_the_rollout_engines_node_mid_async_run_is_retried_and_resumed(
         *("--steps", str(steps), "--name", "engine-loss"),
     )
     try:
-        deadline = time.monotonic() + SWEEP_TIMEOUT_S
-        latest = None
-        while latest is None and time.monotonic() < deadline and proc.poll() is None:
-            run_dir = _run_dir(work["url"], "engine-loss")
-            if run_dir is not None and (run_dir / "checkpoints" / "latest").is_file():
-                latest = run_dir / "checkpoints" / "latest"
-            time.sleep(0.2)
-        assert latest is not None, "no checkpoint appeared"
+        latest = _first_checkpoint(proc, work["url"], "engine-loss")
         raylet = cluster.kill_node(engine_node.index)
         saved = int(latest.read_text().strip().removeprefix("step_"))
         cluster.add_node({"rollout": 1})  # the replacement the retry's engine goes to
@@ -285,6 +270,18 @@ def test_losing_the_rollout_engines_node_mid_async_run_is_retried_and_resumed(
     assert rollout.to_dict() == {s: float(s) for s in range(1, steps + 1)}
     lag = curves[curves["name"] == "staleness/max"]["value"]
     assert len(lag) == steps and lag.max() <= 2  # k + 1 for dynamic sampling's carried groups
+
+
+def _first_checkpoint(proc: subprocess.Popen[str], url: str, sweep_name: str) -> Path:
+    """The `latest` pointer of the first checkpoint of sweep `sweep_name`'s run, once written
+    (polled: the run directory is known from the store once the run starts)."""
+    deadline = time.monotonic() + SWEEP_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        run_dir = _run_dir(url, sweep_name)
+        if run_dir is not None and (run_dir / "checkpoints" / "latest").is_file():
+            return run_dir / "checkpoints" / "latest"
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint of sweep {sweep_name!r} appeared")
 
 
 def _run_dir(url: str, sweep_name: str) -> Path | None:

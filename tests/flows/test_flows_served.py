@@ -479,6 +479,10 @@ def test_the_deployments_carry_typed_forms() -> None:
         "gpus",
         "workers",
         "placement",
+        "rollout_actor",
+        "rollout_cpus",
+        "rollout_gpus",
+        "rollout_resource",
     }
     for name in (
         "steps",
