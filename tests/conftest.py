@@ -184,23 +184,27 @@ def pytest_configure(config: pytest.Config) -> None:
 # (`--durations=0` summed per file, 2026-11-29); the rest keep their order after them. The
 # Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out the files with the
 # most tests first, whatever this order says. Each is a path relative to tests/ (test_layers.py
-# checks that it names a file).
+# checks that it names a file). The first file builds the tiny model's warm start on one
+# thread (81 s quiet, 184 s in a CI rehearsal beside the side environments' installs); the
+# next four need no model, so the other worker runs them meanwhile instead of waiting on the
+# warm start's lock (a grid sweep's fixture waited 55 s in that rehearsal).
 LONGEST_FIRST = (
     "dapo_core/test_distributed_runs.py",
+    "db/test_db_cli.py",
+    "dashboard/test_dashboard_pages_browser.py",
+    "db/test_annotations.py",
+    "db/test_store_integrity.py",
     "flows/test_flows_cli.py",
     # make test-e2e's four modules are the flow ones: cli, served, pool, ray (379, 349, 283 and
     # 120 s) packs two workers best in this order; their make test parts take seconds
     "flows/test_flows_served.py",
     "flows/test_flows_pool.py",
     "dapo_core/test_async_workers.py",
-    "db/test_db_cli.py",
     "flows/test_flows_arm_lease.py",
     "dashboard/test_dashboard_rerun_confirm.py",
-    "dashboard/test_dashboard_pages_browser.py",
     "dapo_core/test_plan.py",
     "flows/test_warm_start_phase.py",
     "dapo_core/test_load_once.py",
-    "db/test_annotations.py",
     "dapo_core/test_async_runs.py",
     "flows/test_cli_and_artifact_output.py",
     "dapo_core/test_distributed.py",
