@@ -201,10 +201,10 @@ def host_for(
         return None
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from dapo_core.setup.config import ExperimentConfig
     from dapo_core.train.runner import resolve_device
 
-    device = resolve_device(ExperimentConfig.from_dict(dict(config)).run.device)
+    # The config was validated by the caller; only its device is needed here.
+    device = resolve_device(str(config.get("run", {}).get("device", "auto")))
     scheduling = None
     if group is not None:
 
