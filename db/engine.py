@@ -20,7 +20,8 @@ Hangs. A store that stops answering without refusing (a server behind a dead net
 proxy that accepts and never forwards, a SQLite file locked by another connection) is bounded
 like one that refuses: PostgreSQL connections carry a connect timeout, TCP keepalives (a dead
 peer is noticed in about PG_KEEPALIVE_DEAD_S), a TCP user timeout and a server-side
-statement_timeout (PG_STATEMENT_TIMEOUT_S), unless the URL sets its own; a SQLite writer waits
+statement_timeout (PG_STATEMENT_TIMEOUT_S) and an idle-in-transaction timeout
+(PG_IDLE_IN_TRANSACTION_S), unless the URL sets its own; a SQLite writer waits
 for the lock at most SQLITE_BUSY_TIMEOUT_S, and never longer than the outage budget.
 `get_engine(url, outage_s=T)` waits out a store that is down when it is opened for up to T
 seconds (db.store.Store passes its outage budget, so a restarted actor whose store is down
@@ -60,6 +61,12 @@ PG_CONNECT_TIMEOUT_S = 10
 # A server-side bound on one statement: a statement stuck behind a lock or a hung client
 # transaction ends with an error (an outage to the callers, retried) instead of never.
 PG_STATEMENT_TIMEOUT_S = 60
+# A session left inside a transaction without a statement this long is ended by the server,
+# its locks released: a driver frozen between a write and its COMMIT (SIGSTOP, a hung host)
+# would otherwise hold its row lock until its TCP connection dies, which for a live but frozen
+# process is never; a takeover of its lease would wait on that lock and end on the statement
+# timeout instead. Half the statement timeout, so that the waiting statement outlives it.
+PG_IDLE_IN_TRANSACTION_S = 30
 # TCP keepalives on every PostgreSQL connection: an idle connection to a peer that vanished
 # (host down, network cut without a reset) is found dead after idle + interval * count seconds,
 # and a sent packet left unacknowledged that long ends the connection (tcp_user_timeout).
@@ -269,10 +276,14 @@ def _postgres_engine(url: sa.URL, *, read_only: bool = False) -> sa.Engine:
         connect_args["tcp_user_timeout"] = PG_KEEPALIVE_DEAD_S * 1000
     options = url.query.get("options", "")
     options = " ".join(options) if isinstance(options, tuple) else str(options)
-    if "statement_timeout" not in options:
-        # libpq's `options` are the server's -c settings; the URL's own (a search_path) stay.
-        timeout_ms = PG_STATEMENT_TIMEOUT_S * 1000
-        connect_args["options"] = f"{options} -c statement_timeout={timeout_ms}".strip()
+    # libpq's `options` are the server's -c settings; the URL's own (a search_path) stay.
+    settings = {
+        "statement_timeout": PG_STATEMENT_TIMEOUT_S,
+        "idle_in_transaction_session_timeout": PG_IDLE_IN_TRANSACTION_S,
+    }
+    added = [f"-c {name}={s * 1000}" for name, s in settings.items() if name not in options]
+    if added:
+        connect_args["options"] = " ".join([options, *added]).strip()
     # pre-ping: a worker that outlives a server restart reconnects instead of failing a step
     engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     if read_only:

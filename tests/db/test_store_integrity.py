@@ -217,12 +217,14 @@ def test_a_sqlite_file_locked_by_another_connection_does_not_hold_training(
 def test_postgres_connections_carry_timeouts_and_keep_the_urls_options(
     pg_urls: tuple[str, str],
 ) -> None:
-    """statement_timeout and keepalives on every connection; the URL's search_path stays."""
+    """statement_timeout, the idle-in-transaction timeout and keepalives on every connection;
+    the URL's search_path stays."""
     direct, _through = pg_urls
     engine = db_engine.create(direct)
     try:
         with engine.connect() as conn:
             timeout = conn.execute(sa.text("SHOW statement_timeout")).scalar()
+            idle = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
             path = conn.execute(sa.text("SHOW search_path")).scalar()
             raw = conn.connection.dbapi_connection
             assert raw is not None
@@ -230,8 +232,49 @@ def test_postgres_connections_carry_timeouts_and_keep_the_urls_options(
     finally:
         engine.dispose()
     assert timeout == f"{db_engine.PG_STATEMENT_TIMEOUT_S // 60}min"
+    assert idle == f"{db_engine.PG_IDLE_IN_TRANSACTION_S}s"
     assert str(path).startswith("dapo_test_")
     assert params.get("keepalives") == "1" and params.get("connect_timeout")
+
+
+def test_a_writer_frozen_inside_its_transaction_loses_its_lock_to_the_next_writer(
+    pg_urls: tuple[str, str],
+) -> None:
+    """A driver stopped between its UPDATE and its COMMIT (seen: SIGSTOP with a heartbeat in
+    flight) held its row lock until its connection died, which a frozen process's never does:
+    the lease's takeover then waited on the lock and ended on the statement timeout. The
+    server now ends the frozen session; the waiting writer goes on and the frozen write is
+    rolled back. The URL's own timeout (300 ms here) wins over the default."""
+    direct, _through = pg_urls
+    url = sa.make_url(direct)
+    options = url.query.get("options", "")
+    options = " ".join(options) if isinstance(options, tuple) else str(options)
+    frozen_url = url.update_query_dict(
+        {"options": f"{options} -c idle_in_transaction_session_timeout=300".strip()}
+    )
+    frozen_engine = db_engine.create(frozen_url.render_as_string(hide_password=False))
+    engine = db_engine.create(direct)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE beat (id int PRIMARY KEY, who text)"))
+            conn.execute(sa.text("INSERT INTO beat VALUES (1, 'nobody')"))
+        frozen = frozen_engine.connect()
+        frozen.begin()
+        frozen.execute(sa.text("UPDATE beat SET who = 'frozen' WHERE id = 1"))
+        # ...and no COMMIT: this writer stops here. The next one waits on its row lock.
+        started = time.monotonic()
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE beat SET who = 'next' WHERE id = 1"))
+        waited = time.monotonic() - started
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT who FROM beat")).scalar() == "next"
+        with pytest.raises(sa.exc.DBAPIError):  # its session was ended under it
+            frozen.execute(sa.text("SELECT 1"))
+        frozen.close()
+    finally:
+        frozen_engine.dispose()
+        engine.dispose()
+    assert waited < db_engine.PG_STATEMENT_TIMEOUT_S
 
 
 def test_the_sqlite_busy_timeout_never_exceeds_the_outage_budget(

@@ -104,8 +104,10 @@ def _until(check: Callable[[], Any], what: str, procs: list[subprocess.Popen[str
         if value:
             return value
         time.sleep(0.05)
-    states = [(p.pid, p.poll()) for p in procs]
-    pytest.fail(f"timed out waiting for {what}; drivers {states}")
+    # What an ended driver said is the diagnosis (a refusal's one line, a store error).
+    states = [(p.pid, p.poll(), p.communicate()[1][-500:] if p.poll() is not None else "")
+              for p in procs]  # fmt: skip
+    pytest.fail(f"timed out waiting for {what}; drivers (pid, exit code, stderr) {states}")
 
 
 def _exited(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
