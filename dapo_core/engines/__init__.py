@@ -42,6 +42,7 @@ def make_engine(
     init_dir: Path | None = None,
     sync_first: bool = True,
     llm_kwargs: Mapping[str, Any] | None = None,
+    device: str | None = None,
 ) -> RolloutEngine:
     """The rollout engine `name` (`hf` or `vllm`) sampling from `model`.
 
@@ -54,12 +55,19 @@ def make_engine(
     the one rank 0 wrote: `sync_first=False`, each rank pushes its gathered shards itself) or a
     whole model (an HF export to evaluate: loaded as it is); `seed` overrides run.seed (each
     worker's engine draws from its own stream); `llm_kwargs` go to vLLM's `LLM` as they are.
+    `device` (hf): move the model there first, `auto` being this process's GPU when it has one,
+    else the CPU: a hosted engine's recipe (EngineHost) carries its model on the CPU.
     """
     import torch
 
     seed = cfg.run.seed if seed is None else seed
     if name == "hf":
         from dapo_core.engines.hf import HFEngine
+
+        if device is not None:
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            torch.nn.Module.to(model, device)  # in place (transformers' own `to` is typed oddly)
 
         return HFEngine(
             model,

@@ -374,3 +374,22 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     if not ids:
         raise ValueError("the tokenizer has no EOS token: responses could never stop")
     return ids
+
+
+def rollout_copy(
+    model: torch.nn.Module, dtype: torch.dtype, device: torch.device | str
+) -> PreTrainedModel:
+    """An unsharded copy of `model` for an engine of its own: parameters cast to `dtype` one at
+    a time (never a second float32 model), buffers (rotary tables) copied as they are, ties
+    between parameters kept (deepcopy's memo maps each parameter to its cast copy). A rank's
+    engine gets one on the rank's device; a hosted engine's recipe carries one on the CPU."""
+    import copy
+
+    memo: dict[int, Any] = {
+        id(p): torch.nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False)
+        for p in model.parameters()
+    }
+    out: Any = copy.deepcopy(model, memo)
+    if getattr(out, "is_gradient_checkpointing", False):
+        out.gradient_checkpointing_disable()
+    return out.to(device).eval()  # type: ignore[no-any-return]

@@ -260,20 +260,6 @@ def shard_from_rank0(
     return root
 
 
-def rollout_copy(model: nn.Module, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    """An unsharded copy of `model` for this rank's engine: parameters cast to `dtype` one at
-    a time (never a second float32 model), buffers (rotary tables) copied as they are, ties
-    between parameters kept (deepcopy's memo maps each parameter to its cast copy)."""
-    memo: dict[int, Any] = {
-        id(p): nn.Parameter(p.detach().to(device=device, dtype=dtype), requires_grad=False)
-        for p in model.parameters()
-    }
-    out: Any = copy.deepcopy(model, memo)
-    if getattr(out, "is_gradient_checkpointing", False):
-        out.gradient_checkpointing_disable()
-    return out.to(device).eval()  # type: ignore[no-any-return]
-
-
 class GatheredWeights(Mapping[str, torch.Tensor]):
     """The policy's parameters, each whole and cast to `dtype` when it is read: a Mapping an
     engine's load_weights consumes like a state dict, one parameter in memory at a time.
@@ -556,6 +542,7 @@ def _make_rank_engine(
     vllm reads only the config (the model may be on the meta device) and gets its weights from
     the shards by the first sync. `host` places it (built here without one)."""
     from dapo_core.engines import make_engine
+    from dapo_core.engines.hf import rollout_copy
 
     dtype = compute_dtype(cfg.model.dtype)
     if cfg.rollout.engine == "vllm":
@@ -581,10 +568,19 @@ def _make_rank_engine(
             sync_first=False,
         )
     else:
-        # Async: the engine samples on the worker's thread, with a tokenizer of its own.
+        # Async: the engine samples on the worker's thread, with a tokenizer of its own. A
+        # hosted engine's copy goes on the CPU (its recipe is pickled to wherever it runs) and
+        # moves to that process's device there.
         own = copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer
+        where = torch.device("cpu") if host is not None else device
         recipe = functools.partial(
-            make_engine, "hf", rollout_copy(model, dtype, device), own, cfg, seed=seed
+            make_engine,
+            "hf",
+            rollout_copy(model, dtype, where),
+            own,
+            cfg,
+            seed=seed,
+            device="auto" if host is not None else None,
         )
     return recipe() if host is None else host(recipe)
 

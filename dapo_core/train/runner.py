@@ -167,6 +167,7 @@ class OneWorker:
             copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer,
             cfg,
             work_dir=run.out_dir,
+            device="auto" if self.engine_host is not None else None,
         )
         engine = recipe() if self.engine_host is None else self.engine_host(recipe)
         run.cleanup.callback(engine.close)
@@ -205,8 +206,16 @@ def rollout_model(
     """The model the one-worker hf engine samples from: the trainer's own in sync mode (weight
     sync is free), a copy in async mode, where the rollout worker samples while the trainer
     updates (the copy gets the weights by version; vllm holds its own copy either way). A
-    hosted engine (an EngineHost) gets the model pickled into its recipe: a copy already."""
-    if hosted or cfg.rollout.mode != "async" or cfg.rollout.engine != "hf":
+    hosted engine (an EngineHost) gets the model pickled into its recipe, a copy already, from
+    the CPU: a model on a GPU is copied there first (the engine's process, which may have no
+    GPU or another one, moves it to its own device: make_engine's `device`)."""
+    if hosted:
+        from dapo_core.engines.hf import rollout_copy
+
+        first = next(model.parameters())
+        on_cpu = first.device.type == "cpu"
+        return model if on_cpu else rollout_copy(model, first.dtype, torch.device("cpu"))
+    if cfg.rollout.mode != "async" or cfg.rollout.engine != "hf":
         return model
     return copy.deepcopy(model)
 

@@ -26,11 +26,11 @@ from tiny_policy import char_tokenizer, tiny_llama
 from transformers import LlamaForCausalLM
 
 from dapo_common.util import free_port
-from dapo_core.engines.hf import HFEngine
+from dapo_core.engines.hf import HFEngine, rollout_copy
 from dapo_core.setup.config import ExperimentConfig
 from dapo_core.train.batching import Seq
 from dapo_core.train.collective import LOCAL, Collective, TorchCollective, full_tensor, shard
-from dapo_core.train.distributed import push_weights, rollout_copy, shard_policy
+from dapo_core.train.distributed import push_weights, shard_policy
 from dapo_core.train.policy import PolicyForward, compute_dtype
 from dapo_core.train.update import Updater, make_optimizer
 
