@@ -141,6 +141,18 @@ def register(subparsers: Any) -> None:
         help="memory of one GPU in GiB (default: the preset's GPU, else 79 for an 80 GB GPU)",
     )
     p.add_argument(
+        "--rollout-actor",
+        action="store_true",
+        help="the rollout engine on a GPU of its own (`dapo sweep --rollout-actor --rollout-gpus "
+        "1`): the trainer's GPU without the engine, then the engine's GPU",
+    )
+    p.add_argument(
+        "--rollout-gpu-memory",
+        type=positive_float,
+        metavar="GiB",
+        help="memory of the engine's GPU with --rollout-actor (default: --gpu-memory's)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -288,16 +300,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from dapo_core.setup.plan import DEFAULT_GPU_GIB, format_plan, plan_memory
+    from dapo_core.setup.plan import (
+        DEFAULT_GPU_GIB,
+        format_engine_plan,
+        format_plan,
+        plan_memory,
+        plan_rollout_engine,
+    )
     from dapo_core.setup.presets import HARDWARE
 
     cfg = config_from_args(args)
     hardware = HARDWARE.get(cfg.preset)
     workers = args.workers or (hardware.workers if hardware else 1)
     gib = args.gpu_memory or (hardware.gpu_memory_gib if hardware else DEFAULT_GPU_GIB)
-    plan = plan_memory(cfg, workers, gib)
+    if args.rollout_gpu_memory and not args.rollout_actor:
+        raise ValueError("--rollout-gpu-memory plans the engine's own GPU: add --rollout-actor")
+    plan = plan_memory(cfg, workers, gib, engine_apart=args.rollout_actor)
     print(format_plan(plan, cfg))
-    return 0 if plan.fits else 2
+    if not args.rollout_actor:
+        return 0 if plan.fits else 2
+    engine = plan_rollout_engine(cfg, workers, args.rollout_gpu_memory or gib)
+    print()
+    print(format_engine_plan(engine, cfg))
+    return 0 if plan.fits and engine.fits else 2
 
 
 # --- config from the command line -----------------------------------------------------------

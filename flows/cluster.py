@@ -181,20 +181,32 @@ def gpu_memory_gib(nodes: Sequence[NodeRow]) -> float | None:
     return min(sizes) if sizes else None
 
 
+def uses_gpus(resources: Resources) -> bool:
+    """Whether an arm's trainers or its engines' actors ask for GPUs (their plans are checked)."""
+    return resources.gpus > 0 or (resources.rollout_actor and resources.rollout_gpus > 0)
+
+
 def check_arm_plan(
     configs: Iterable[Mapping[str, Any]], resources: Resources, gpu_memory: float | None
 ) -> None:
     """What the trainer would refuse for this many workers (dapo_core's check_workers), and,
-    for a GPU run on GPUs of known memory, the memory plan (`dapo plan`): one line each."""
+    for a GPU run on GPUs of known memory, the memory plan (`dapo plan`): one line each. With
+    the engines on actors of their own, the trainer is planned without its engine, and an
+    engine given GPUs is planned on a GPU of its own (`dapo plan --rollout-actor`)."""
     from dapo_core.setup.config import ExperimentConfig
-    from dapo_core.setup.plan import check_fits
+    from dapo_core.setup.plan import check_engine_fits, check_fits
     from dapo_core.train.distributed import check_workers
 
+    apart = resources.rollout_actor
     for config in configs:
         cfg = ExperimentConfig.from_dict(dict(config))
         check_workers(cfg, resources.workers)
-        if resources.gpus > 0 and gpu_memory is not None:
-            check_fits(cfg, resources.workers, gpu_memory)
+        if gpu_memory is None:
+            continue
+        if resources.gpus > 0:
+            check_fits(cfg, resources.workers, gpu_memory, engine_apart=apart)
+        if apart and resources.rollout_gpus > 0:
+            check_engine_fits(cfg, resources.workers, gpu_memory)
 
 
 def preflight(
@@ -204,7 +216,7 @@ def preflight(
     config; for a GPU run, the plan is checked against the GPUs' memory of the Ray cluster the
     caller has joined (ray_worker.connect)."""
     gpu_memory = None
-    if resources.gpus > 0:
+    if uses_gpus(resources):
         gpu_memory = gpu_memory_gib(alive_nodes())
     check_arm_plan(configs, resources, gpu_memory)
 
@@ -216,7 +228,7 @@ def check_placement(
     nodes (asks Ray); returns them."""
     nodes = alive_nodes()
     check_bundles(nodes, resources)
-    check_arm_plan(configs, resources, gpu_memory_gib(nodes) if resources.gpus > 0 else None)
+    check_arm_plan(configs, resources, gpu_memory_gib(nodes) if uses_gpus(resources) else None)
     return nodes
 
 
@@ -250,7 +262,7 @@ def is_shared_fs(fstype: str) -> bool:
 def unplanned_warning(resources: Resources, nodes: Sequence[NodeRow]) -> str | None:
     """One line when a GPU run's memory plan could not be checked (a GPU type Ray reports that
     GPU_MEMORY_GIB does not know), so that a skipped check is never silent."""
-    if resources.gpus <= 0 or gpu_memory_gib(nodes) is not None:
+    if not uses_gpus(resources) or gpu_memory_gib(nodes) is not None:
         return None
     kinds = sorted(
         {

@@ -45,6 +45,13 @@ Not sharded (every worker holds its own):
   scratch (while generating), and a margin for one allocator shared by vLLM and training (3% of the
   GPU). The plan's output prints what is left of the GPU and which of its items are allowances.
 
+The engine on a process of its own (the flows' `--rollout-actor`: a Ray actor per worker, on
+its own GPU or CPUs): the trainer's plan then has none of the engine's items (its share, copy,
+KV cache, CUDA graphs, sampler, the colocation margin); each update's weights go to it through
+host memory (an item of the host's); and `plan_rollout_engine` plans the engine's own GPU: the
+weights it samples with (the one-worker recipe ships the fp32 masters, N workers' their
+compute-dtype copy), vLLM's share, graphs and sampler or the hf engine's KV cache, a CUDA context.
+
 Phases: the peak is the resident items (masters, AdamW states, the engine's share, context) plus
 the largest of: the update (weights, gradients, activations, head), the optimizer step (gradients,
 scratch), the rollout (hf KV cache) and the weight sync. Gradient accumulation over several micro-batches makes the
@@ -161,6 +168,8 @@ class Plan:
     seq_len: int = 0
     problems: tuple[str, ...] = field(default=())
     """Why it does not fit (empty when it does)."""
+    engine_apart: bool = False
+    """A trainer's plan whose rollout engine runs in a process of its own."""
 
     @property
     def gpu_items(self) -> tuple[Item, ...]:
@@ -352,6 +361,8 @@ class Setting:
     gpu_memory_gib: float
     device: str
     """`cuda`, or `cpu` for one CPU process (no CUDA context, AdamW's per-tensor step)."""
+    engine_apart: bool = False
+    """The rollout engine runs in a process of its own (plan_rollout_engine plans it)."""
 
     @property
     def c(self) -> int:
@@ -621,6 +632,20 @@ def _weight_sync(s: Setting) -> Item:
     )
 
 
+def _shipped(s: Setting) -> Item:
+    # RemoteEngine.load_weights copies every tensor to the host before Ray ships them: one
+    # worker's fp32 masters whole, N workers' gathered compute-dtype weights.
+    per_param = 4 if s.workers == 1 else s.c
+    return Item(
+        "shipped",
+        "weights shipped to the engine",
+        per_param * s.a.params,
+        ("sync",),
+        on_host=True,
+        detail="each update's weights on the host, on their way to the engine's process",
+    )
+
+
 def _loading(s: Setting) -> Item:
     return Item(
         "load",
@@ -710,11 +735,15 @@ def _with_kl(s: Setting) -> bool:
 
 
 def _vllm(s: Setting) -> bool:
-    return s.vllm
+    return s.vllm and not s.engine_apart
 
 
 def _hf(s: Setting) -> bool:
-    return not s.vllm
+    return not s.vllm and not s.engine_apart
+
+
+def _apart(s: Setting) -> bool:
+    return s.engine_apart
 
 
 def _hf_several(s: Setting) -> bool:
@@ -754,6 +783,7 @@ TRAINING_ITEMS: tuple[tuple[Callable[[Setting], bool], Callable[[Setting], Item]
     (_hf, _hf_sampling),
     (_hf_autocast, _autocast_copies),
     (_several, _weight_sync),
+    (_apart, _shipped),
     (_several, _loading),
     (_gpu_several, _nccl),
     (_gpu_vllm, _vllm_graphs),
@@ -783,23 +813,26 @@ def plan_memory(
     *,
     device: str = "cuda",
     arch: Architecture | None = None,
+    engine_apart: bool = False,
 ) -> Plan:
     """The per-worker memory plan of `cfg` on `workers` GPUs of `gpu_memory_gib` GiB: the items
     of TRAINING_ITEMS, then the allocator's fragmentation.
 
     `device="cpu"` plans one CPU process (no CUDA context, AdamW's per-tensor step): what the
     tests measure. `arch` skips the look-up (the worker-count search passes it).
+    `engine_apart`: the rollout engine runs in a process of its own (plan_rollout_engine).
     """
     if workers < 1:
         raise ValueError(f"workers={workers}: need at least 1")
     if not gpu_memory_gib > 0:
         raise ValueError(f"gpu memory {gpu_memory_gib} GiB: must be > 0")
-    s = Setting(cfg, arch or resolve_architecture(cfg.model), workers, gpu_memory_gib, device)
+    a = arch or resolve_architecture(cfg.model)
+    s = Setting(cfg, a, workers, gpu_memory_gib, device, engine_apart)
     items = [make(s) for applies, make in TRAINING_ITEMS if applies(s)]
     if _gpu(s):
         items.append(_fragmentation(items))
     kv_tokens, problems = 0.0, []
-    if s.vllm:
+    if _vllm(s):
         _, kv_tokens, problem = s.vllm_share
         problems += [problem] if problem else []
     plan = Plan(
@@ -811,6 +844,7 @@ def plan_memory(
         items=tuple(items),
         kv_tokens=kv_tokens,
         seq_len=s.seq_len,
+        engine_apart=engine_apart,
     )
     if plan.peak_bytes > s.gpu:
         problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB per worker")
@@ -823,12 +857,13 @@ def min_workers(
     *,
     arch: Architecture | None = None,
     start: int = 1,
+    engine_apart: bool = False,
 ) -> int | None:
     """The fewest workers (from `start`) whose plan fits, or None when no count up to
     MAX_WORKERS does (per-worker items alone exceed the GPU)."""
     a = arch or resolve_architecture(cfg.model)
     for n in range(start, MAX_WORKERS + 1):
-        if plan_memory(cfg, n, gpu_memory_gib, arch=a).fits:
+        if plan_memory(cfg, n, gpu_memory_gib, arch=a, engine_apart=engine_apart).fits:
             return n
     return None
 
@@ -841,12 +876,13 @@ def advice(plan: Plan, cfg: ExperimentConfig) -> str:
             "s" if plan.workers > 1 else ""
         )
     biggest = ", ".join(f"{i.label} {_g(i.nbytes)}" for i in plan.biggest(3))
-    k = min_workers(cfg, gib, arch=plan.arch, start=plan.workers)
+    apart = plan.engine_apart
+    k = min_workers(cfg, gib, arch=plan.arch, start=plan.workers, engine_apart=apart)
     if k is not None:
         return f"does not fit: needs at least {k} workers of {gib:g} GiB (biggest items, GiB: {biggest})"
     for label, size in GPU_SIZES:
         if size > gib:
-            k = min_workers(cfg, size, arch=plan.arch)
+            k = min_workers(cfg, size, arch=plan.arch, engine_apart=apart)
             if k is not None:
                 return (
                     f"does not fit: needs at least {k} workers of {size:g} GiB ({label}); no worker "
@@ -860,12 +896,17 @@ def advice(plan: Plan, cfg: ExperimentConfig) -> str:
 
 
 def check_fits(
-    cfg: ExperimentConfig, workers: int = 1, gpu_memory_gib: float | None = None
+    cfg: ExperimentConfig,
+    workers: int = 1,
+    gpu_memory_gib: float | None = None,
+    *,
+    engine_apart: bool = False,
 ) -> Plan | None:
     """Before a GPU run: the plan, or PlanError with the plan's advice in one line.
 
     Returns None (no check) when the run does not target CUDA: `run.device` cpu, or auto on a
     machine without a GPU. `gpu_memory_gib` None reads the first GPU's total memory.
+    `engine_apart`: the trainer's plan without the engine (check_engine_fits plans that).
     """
     if cfg.run.device == "cpu":
         return None
@@ -873,9 +914,85 @@ def check_fits(
         gpu_memory_gib = _cuda_memory_gib()
         if gpu_memory_gib is None:
             return None  # auto without a GPU: the run goes to the CPU
-    plan = plan_memory(cfg, workers, gpu_memory_gib)
+    plan = plan_memory(cfg, workers, gpu_memory_gib, engine_apart=engine_apart)
     if not plan.fits:
         raise PlanError(f"{cfg.preset}/{cfg.arm} on {workers} worker(s): " + advice(plan, cfg))
+    return plan
+
+
+# --- the rollout engine on a GPU of its own (`--rollout-actor`) ---------------------------------
+def plan_rollout_engine(
+    cfg: ExperimentConfig,
+    workers: int = 1,
+    gpu_memory_gib: float = DEFAULT_GPU_GIB,
+    *,
+    arch: Architecture | None = None,
+) -> Plan:
+    """The memory of one worker's rollout engine on a GPU of its own (each of the arm's
+    `workers` has one). vllm: its reserved share (weights, overhead, KV cache), its CUDA graphs
+    and sampler scratch. hf: the weights it samples with (one worker's recipe ships the fp32
+    masters, which it samples under autocast, with autocast's cached copies; N workers' ship a
+    compute-dtype copy), the KV cache of one sampling call. Both: a CUDA context. No optimizer,
+    gradients or activations: the trainer's plan holds those."""
+    if workers < 1:
+        raise ValueError(f"workers={workers}: need at least 1")
+    if not gpu_memory_gib > 0:
+        raise ValueError(f"gpu memory {gpu_memory_gib} GiB: must be > 0")
+    s = Setting(cfg, arch or resolve_architecture(cfg.model), workers, gpu_memory_gib, "cuda")
+    items: list[Item] = []
+    kv_tokens, problems = 0.0, []
+    if s.vllm:
+        share, kv_tokens, problem = s.vllm_share
+        items += [share, _vllm_graphs(s), _vllm_sampler(s)]
+        problems += [problem] if problem else []
+    else:
+        per_param = 4 if workers == 1 else s.c
+        detail = (
+            "the fp32 masters as shipped, sampled under autocast"
+            if workers == 1
+            else f"the worker's {cfg.model.dtype} copy as shipped"
+        )
+        items.append(
+            Item(
+                "weights", "engine's weights", per_param * s.a.params, ("resident",), detail=detail
+            )
+        )
+        if workers == 1 and s.regime == "autocast":
+            items.append(_autocast_copies(s))
+        items.append(_hf_sampling(s))
+    items.append(cuda_context())
+    plan = Plan(
+        arch=s.a,
+        workers=workers,
+        gpu_bytes=s.gpu,
+        device="cuda",
+        regime=s.regime,
+        items=tuple(items),
+        kv_tokens=kv_tokens,
+        seq_len=s.seq_len,
+    )
+    if plan.peak_bytes > s.gpu:
+        problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB")
+    return dataclasses.replace(plan, problems=tuple(problems))
+
+
+def engine_advice(plan: Plan) -> str:
+    """One line: the engine's GPU `fits: ...` or `does not fit: ...` with its biggest items."""
+    gib = plan.gpu_bytes / GIB
+    if plan.fits:
+        return f"rollout engine fits: {_g(plan.peak_bytes)} of {gib:g} GiB on its own GPU"
+    biggest = ", ".join(f"{i.label} {_g(i.nbytes)}" for i in plan.biggest(3))
+    return (
+        f"rollout engine does not fit its own {gib:g} GiB GPU: {'; '.join(plan.problems)} "
+        f"(biggest items, GiB: {biggest})"
+    )
+
+
+def check_engine_fits(cfg: ExperimentConfig, workers: int, gpu_memory_gib: float) -> Plan:
+    """Before a run whose engines have GPUs of their own: the engine's plan, or PlanError."""
+    plan = plan_rollout_engine(cfg, workers, gpu_memory_gib)
+    if not plan.fits:
+        raise PlanError(f"{cfg.preset}/{cfg.arm}: " + engine_advice(plan))
     return plan
 
 
@@ -986,7 +1103,12 @@ def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
         f"kv, vocab {a.vocab}{', tied' if a.tie_embeddings else ''}; from {a.source})",
         f"per worker of {plan.workers} on {plan.gpu_bytes / GIB:g} GiB GPUs ({plan.device}); "
         f"compute {cfg.model.dtype}, fp32 masters, {_regime_text(plan.regime)}; micro-batch "
-        f"{cfg.batch.micro_batch_size} × {plan.seq_len} tokens",
+        f"{cfg.batch.micro_batch_size} × {plan.seq_len} tokens"
+        + (
+            "; the rollout engine in a process of its own (planned below)"
+            if plan.engine_apart
+            else ""
+        ),
         "",
         f"  {'item':<31} {'GiB':>8}  {'held':<13} notes",
     ]
@@ -1004,6 +1126,22 @@ def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
         lines.append(f"  {'host memory per worker':<31} {_g(plan.host_bytes):>8}")
     lines.append("")
     lines.append(advice(plan, cfg))
+    return "\n".join(lines)
+
+
+def format_engine_plan(plan: Plan, cfg: ExperimentConfig) -> str:
+    """plan_rollout_engine's plan, as format_plan prints a trainer's."""
+    lines = [
+        f"rollout engine ({cfg.rollout.engine}), one per worker, each on a GPU of its own of "
+        f"{plan.gpu_bytes / GIB:g} GiB",
+        "",
+        f"  {'item':<31} {'GiB':>8}  {'held':<13} notes",
+    ]
+    for i in plan.items:
+        lines.append(f"  {i.label:<31} {_g(i.nbytes):>8}  {'/'.join(i.phases):<13} {i.detail}")
+    lines.append(f"  {'peak':<31} {_g(plan.peak_bytes):>8}  of {plan.gpu_bytes / GIB:g} GiB")
+    lines.append(f"  {'margin':<31} {_g(plan.margin_bytes):>8}  {_margin_text(plan)}")
+    lines += ["", engine_advice(plan)]
     return "\n".join(lines)
 
 

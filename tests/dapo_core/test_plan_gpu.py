@@ -108,3 +108,93 @@ def test_what_a_cpu_process_measures_leaves_them_out() -> None:
     hf = plan_memory(cfg.with_overrides({"rollout.engine": "hf"}), 1, 79.0)
     assert {"vllm_graphs", "vllm_sampler", "colocation"} <= keys(vllm)
     assert vllm.training_bytes == hf.training_bytes
+
+
+# --- the rollout engine on a GPU of its own (`--rollout-actor`) --------------------------------
+ENGINE_ITEMS = {"engine", "rollout_copy", "kv_hf", "rollout_weights"} | set(NEW) - {"nccl"}
+
+
+def test_a_trainer_whose_engine_runs_apart_holds_none_of_the_engines_items() -> None:
+    from dapo_core.setup.plan import _fragmentation
+
+    for name, workers in (("qwen2.5-0.5b", 1), ("qwen2.5-7b", 8)):
+        for engine in ("vllm", "hf"):
+            cfg = preset_config(name).with_overrides({"rollout.engine": engine})
+            together = plan_memory(cfg, workers, 79.0)
+            apart = plan_memory(cfg, workers, 79.0, engine_apart=True)
+            assert keys(together) & ENGINE_ITEMS and not keys(apart) & ENGINE_ITEMS
+            # What training holds is the same (training_bytes counts N workers' rollout copy,
+            # which the trainer no longer holds); the peak loses what the engine held.
+            copy = together.item("rollout_copy").nbytes if "rollout_copy" in keys(together) else 0
+            assert apart.training_bytes == together.training_bytes - copy
+            assert apart.peak_bytes < together.peak_bytes
+            # The rest is the colocated plan less the engine's items, item for item.
+            kept = [i for i in together.items if i.key not in ENGINE_ITEMS | {"fragmentation"}]
+            assert [i for i in apart.items if i.key not in {"shipped", "fragmentation"}] == kept
+            assert apart.item("fragmentation") == _fragmentation(kept)
+            # Each update's weights reach the engine through the host: one worker's fp32
+            # masters (0.5B: 4 B × 494,032,768), eight workers' bf16 gathers (7B: 2 B × 7.6B).
+            shipped = apart.item("shipped")
+            assert shipped.on_host and shipped.phases == ("sync",)
+            per_param = 4 if workers == 1 else 2
+            assert shipped.nbytes == per_param * apart.arch.params
+
+
+def test_the_engines_own_gpu_by_hand() -> None:
+    from dapo_core.setup.plan import (
+        HF_DECODE_ATTENTION_COPIES,
+        VLLM_CUDA_GRAPHS_GIB,
+        plan_rollout_engine,
+    )
+
+    # vLLM, Qwen2.5-0.5B, one worker: its 0.3 × 79 GiB share, 1 GiB of graphs and a context,
+    # resident; the sampler only while it generates: 64 prompts × 16 samples = 1,024 rows ×
+    # 151,936 logits × (12 + 12 for top-p < 1, or 12) B.
+    cfg = preset_config("qwen2.5-0.5b")
+    plan = plan_rollout_engine(cfg, 1, 79.0)
+    assert [i.key for i in plan.items] == ["engine", "vllm_graphs", "vllm_sampler", "context"]
+    sampler = plan.item("vllm_sampler")
+    rows = min(1024, cfg.batch.gen_batch_size * cfg.rollout.group_size)
+    assert sampler.nbytes == rows * 151_936 * (24 if cfg.rollout.top_p < 1 else 12)
+    resident = 0.3 * 79 * GIB + VLLM_CUDA_GRAPHS_GIB * GIB + 1 * GIB
+    assert plan.peak_bytes == pytest.approx(resident + sampler.nbytes)
+    assert plan.fits and plan.kv_tokens > 0
+
+    # hf, one worker in bf16: the shipped fp32 masters (4 B/param), autocast's bf16 copies of
+    # the decoder's Linear weights and the LM head, the KV cache of one sampling call.
+    hf = cfg.with_overrides({"rollout.engine": "hf"})
+    one = plan_rollout_engine(hf, 1, 79.0)
+    a = one.arch
+    assert [i.key for i in one.items] == ["weights", "rollout_weights", "kv_hf", "context"]
+    assert one.item("weights").nbytes == 4 * a.params
+    linears = a.layers * (a.layer_params - 2 * a.hidden) + a.vocab * a.hidden
+    assert one.item("rollout_weights").nbytes == 2 * linears
+    # Two workers: each engine holds its worker's bf16 copy; one sampling call holds at most
+    # HF_MAX_BATCH_SEQS rows on either.
+    two = plan_rollout_engine(hf, 2, 79.0)
+    assert [i.key for i in two.items] == ["weights", "kv_hf", "context"]
+    assert two.item("weights").nbytes == 2 * a.params
+    assert "512 sequences" in two.item("kv_hf").detail
+    assert HF_DECODE_ATTENTION_COPIES == 4  # the by-hand kv figures live in test_plan.py
+
+
+def test_dapo_plan_rollout_actor_plans_both_gpus_and_says_which_does_not_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dapo_lab.cli import main
+
+    assert main(["plan", "--preset", "qwen2.5-7b", "--rollout-actor"]) == 0
+    out = capsys.readouterr().out
+    assert "the rollout engine in a process of its own (planned below)" in out
+    assert "vLLM engine share" in out.split("rollout engine (vllm)")[1]
+    assert out.rstrip().splitlines()[-1].startswith("rollout engine fits: ")
+    # An engine GPU of 8 GiB cannot hold 7B's 14.19 GiB of bf16 weights in its 0.5 share.
+    argv = ["plan", "--preset", "qwen2.5-7b", "--rollout-actor", "--rollout-gpu-memory", "8"]
+    assert main(argv) == 2
+    out = capsys.readouterr().out.rstrip().splitlines()
+    assert [x for x in out if x.startswith("fits: ")]  # the trainer's GPUs still fit
+    assert out[-1].startswith("rollout engine does not fit its own 8 GiB GPU: the vLLM engine")
+    assert "rollout.gpu_memory_utilization >= " in out[-1]
+    assert main(["plan", "--preset", "qwen2.5-7b", "--rollout-gpu-memory", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --rollout-gpu-memory plans the engine's own GPU: add --rollout-actor"

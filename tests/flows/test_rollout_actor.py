@@ -210,3 +210,29 @@ def test_a_lost_engine_actor_ends_the_try_as_a_lost_actor_that_the_flow_retries(
     # The flow's task retries it (a training error would be final).
     state = SimpleNamespace(result=lambda raise_on_failure: lost)
     assert arm._actor_died(None, None, state)
+
+
+def test_engines_on_gpus_of_their_own_are_planned_apart_from_the_trainers() -> None:
+    """A 7B arm on two 80 GB trainers does not fit with vLLM beside them (118 GiB a worker)
+    and fits with each engine on a GPU of its own (75 GiB); an engine whose own GPU cannot
+    hold it is one line before anything starts."""
+    from dapo_core.setup.plan import PlanError
+    from dapo_core.setup.presets import preset_config
+    from flows.cluster import check_arm_plan, uses_gpus
+
+    qwen7b = preset_config("qwen2.5-7b").to_dict()
+    together = Resources(gpus=1, workers=2)
+    apart = Resources(gpus=1, workers=2, rollout_actor=True, rollout_gpus=1)
+    with pytest.raises(PlanError, match=r"^qwen2.5-7b/\w+ on 2 worker\(s\): does not fit"):
+        check_arm_plan([qwen7b], together, 79.0)
+    check_arm_plan([qwen7b], apart, 79.0)
+    small = {**qwen7b, "rollout": {**qwen7b["rollout"], "gpu_memory_utilization": 0.15}}
+    with pytest.raises(PlanError) as refused:
+        check_arm_plan([small], apart, 79.0)
+    line = str(refused.value)
+    assert "\n" not in line and "rollout engine does not fit its own 79 GiB GPU" in line
+    # Engines on GPUs beside trainers on CPUs: only the engines' GPUs are planned.
+    assert uses_gpus(Resources(rollout_actor=True, rollout_gpus=1))
+    assert not uses_gpus(Resources(rollout_gpus=1))  # without the actor: no engine apart
+    with pytest.raises(PlanError):
+        check_arm_plan([small], Resources(rollout_actor=True, rollout_gpus=1), 79.0)
