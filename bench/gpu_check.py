@@ -13,7 +13,11 @@ this measures:
 - the bf16 log-prob head's gradient against a float32 reference on the device (item 4), beside
   plain bf16 logits' error, at 32k and 152k vocabularies;
 - the 0.5B shape as one FSDP2 rank (distributed.train_worker: what each of N workers runs) on
-  NCCL, then NCCL with gloo for CPU-offloaded shards: trained, sharded checkpoint, resumed.
+  NCCL, then NCCL with gloo for CPU-offloaded shards: trained, sharded checkpoint, resumed;
+- asynchronous rollouts (`rollout.mode = async`, max_staleness 1) on the 0.5B shape, one GPU, the
+  hf engine colocated: the same run as its sync section, so the overlap is the two runs' median
+  step times side by side, with the idle seconds of each side, the staleness, the memory of
+  both sides per phase against `dapo plan`'s async plan, and a resume.
 It writes gpu_check.json and gpu_check.md to --out after every section (a run stopped at a time
 limit keeps what it measured); a section that fails is recorded and the others still run.
 
@@ -266,9 +270,12 @@ def plan_phases(plan: Plan) -> dict[str, dict[str, Any]]:
 
     update = [i for i in tensors if "update" in i.phases]
     step = [i for i in tensors if "step" in i.phases]
+    rollout = [i for i in tensors if "rollout" in i.phases]
+    if plan.overlapped:  # async: the worker generates while the trainer updates and steps
+        update, step = update + rollout, step + rollout
     return {
         "load": total(masters, "the fp32 masters"),
-        "rollout": total(resident + [i for i in tensors if "rollout" in i.phases]),
+        "rollout": total(resident + rollout),
         # No plan item: a no-grad forward holds far less than the update; its bound is that.
         "logprob": total(resident + update, "not modelled: the update's items are its bound"),
         "update": total(resident + max(update, step, key=lambda xs: sum(i.nbytes for i in xs))),
@@ -299,8 +306,18 @@ def _allocated_gib() -> float:
     return torch.cuda.memory_allocated() / GIB if torch.cuda.is_available() else 0.0
 
 
-def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Build, train, checkpoint, resume: one preset's section of the report."""
+ASYNC = {"rollout.mode": "async", "rollout.max_staleness": 1}
+"""The async section's change to its model's section: everything else is the same run."""
+
+
+def check_model(
+    preset: str,
+    args: argparse.Namespace,
+    work: Path,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build, train, checkpoint, resume: one preset's section of the report (with `overrides`
+    on its config: the async section)."""
     from dapo_core.train.runner import train
 
     cuda = not args.dry_run
@@ -308,7 +325,8 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
     cuda_api: Any = torch.cuda if cuda else DryCuda()
     spy = dry_trainer_memory(cuda_api) if args.dry_run else contextlib.nullcontext()
     arch = check_architecture(preset, args.dry_run)
-    model_dir = work / f"{preset}-random"
+    tag = "-async" if overrides else ""
+    model_dir = work / f"{preset}{tag}-random"
     t0 = time.perf_counter()
     params = build_model_dir(arch, model_dir, device)
     build_s = time.perf_counter() - t0
@@ -316,12 +334,12 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
         f"gpu-check:   built and saved {params / 1e6:.0f}M parameters: {build_s:.1f} s",
         file=sys.stderr,
     )
-    cfg = check_config(preset, model_dir, args)
+    cfg = check_config(preset, model_dir, args).with_overrides(dict(overrides or {}))
     planned_arch = resolve_architecture(cfg.model)  # read back from the saved config.json
     tokenizer = _reloaded_tokenizer(model_dir)
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if cuda else 80.0
     plan = plan_memory(cfg, 1, gpu_gib, device=device)
-    out_dir = work / f"{preset}-run"
+    out_dir = work / f"{preset}{tag}-run"
     before = _allocated_gib()
 
     # Run 1: all but the last step, ending with a checkpoint.
@@ -386,6 +404,8 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
             "max_prompt_len": cfg.rollout.max_prompt_len,
             "max_response_len": cfg.rollout.max_response_len,
             "steps": cfg.run.steps,
+            "mode": cfg.rollout.mode,
+            "max_staleness": cfg.rollout.max_staleness,
         },
         "plan": {
             "gpu_gib": gpu_gib,
@@ -397,6 +417,14 @@ def check_model(preset: str, args: argparse.Namespace, work: Path) -> dict[str, 
         "throughput": {
             "rollout_tokens_per_s": _median_rate(steps, M.TOKENS_PER_S),
             "update_tokens_per_s": _median_rate(steps, M.UPDATE_TOKENS_PER_S),
+            # Async: what the overlap saves is the step's time; the idle seconds say which
+            # side waited on the other.
+            "step_s": _median_rate(steps, M.STEP_S),
+            "rollout_idle_s": _median_value(steps, M.ROLLOUT_IDLE_S),
+            "trainer_idle_s": _median_value(steps, M.TRAINER_IDLE_S),
+            "staleness_max": max(
+                (m.get(M.STALENESS_MAX, 0.0) for m in steps.values()), default=None
+            ),
             "build_s": build_s,
             "load_s": phases1.seconds.get("load"),
             "checkpoint_s": phases1.seconds.get("checkpoint"),
@@ -524,6 +552,13 @@ def check_fsdp(preset: str, args: argparse.Namespace, work: Path) -> dict[str, A
 def _median_rate(steps: Mapping[int, Mapping[str, float]], name: str) -> float | None:
     # The first step pays for kernel selection and the allocator's growth: skip it if we can.
     values = [m[name] for s, m in sorted(steps.items()) if name in m and m[name] > 0]
+    values = values[1:] if len(values) > 1 else values
+    return statistics.median(values) if values else None
+
+
+def _median_value(steps: Mapping[int, Mapping[str, float]], name: str) -> float | None:
+    """Median of a metric that may be 0 (idle seconds), the first step left out if we can."""
+    values = [m[name] for s, m in sorted(steps.items()) if name in m]
     values = values[1:] if len(values) > 1 else values
     return statistics.median(values) if values else None
 
@@ -665,6 +700,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"{r['second_started']} | {r['released']} "
             f"({_f(r['allocated_gib']['after_first'] - r['allocated_gib']['before'], 3)} GiB left) |"
         )
+    lines += async_markdown(report, unit, scale)
     fsdp = report.get("fsdp") or {}
     if fsdp:
         lines += [
@@ -706,6 +742,47 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def async_markdown(report: Mapping[str, Any], unit: str, scale: float) -> list[str]:
+    """The async section beside its model's sync one: step times, idle seconds, memory."""
+    a = report.get("async") or {}
+    sync = report["models"].get(a.get("model", ""))
+    if not a or not sync:
+        return []
+    ts, ta = sync["throughput"], a["throughput"]
+    ratio = ta["step_s"] / ts["step_s"] if ta["step_s"] and ts["step_s"] else None
+    lines = [
+        "",
+        f"Async rollouts ({a['model']} shape, hf engine colocated, max_staleness "
+        f"{a['config']['max_staleness']}) against the same run in sync (median step, the first "
+        "left out):",
+        "",
+        "| mode | step s | async / sync | rollout tok/s | update tok/s | rollout idle s | trainer idle s | staleness max | checkpoint resumed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, m, r in (("sync", sync, None), ("async", a, ratio)):
+        t = m["throughput"]
+        lines.append(
+            f"| {mode} | {_f(t['step_s'])} | {_f(r)} | {_f(t['rollout_tokens_per_s'], 0)} | "
+            f"{_f(t['update_tokens_per_s'], 0)} | {_f(t.get('rollout_idle_s'))} | "
+            f"{_f(t.get('trainer_idle_s'))} | {_f(t.get('staleness_max'), 0)} | "
+            f"{m['checkpoint']['resumed']} |"
+        )
+    lines += [
+        "",
+        f"| async phase | measured peak {unit} | plan {unit} (async: generation inside the update) | measured / plan |",
+        "|---|---|---|---|",
+    ]
+    dry = report["meta"]["dry_run"]
+    for phase, row in a["memory"].items():
+        got = (
+            ("metric arrived" if row["seen"] else "MISSING")
+            if dry
+            else _f(row["measured_gib"] * scale if row["measured_gib"] is not None else None)
+        )
+        lines.append(f"| {phase} | {got} | {_f(row['plan_gib'] * scale)} | {_f(row['ratio'])} |")
+    return lines
+
+
 def problems_of(report: Mapping[str, Any]) -> list[str]:
     out = [f"{name}: {e['error']}" for name, e in report.get("errors", {}).items()]
     for mode, row in report.get("fsdp", {}).get("modes", {}).items():
@@ -718,7 +795,10 @@ def problems_of(report: Mapping[str, Any]) -> list[str]:
             out.append(f"fsdp {mode}: the second run resumed steps {row['resumed_steps']}")
         if not row["released"]:
             out.append(f"fsdp {mode}: the first run left {row['left_gib']:.2f} GiB allocated")
-    for name, m in report["models"].items():
+    sections = dict(report["models"])
+    if report.get("async"):
+        sections[f"async {report['async']['model']}"] = report["async"]
+    for name, m in sections.items():
         if m["arch"]["params"] != m["arch"]["plan_params"]:
             out.append(
                 f"{name}: the plan counts {m['arch']['plan_params']} parameters, torch built {m['arch']['params']}"
@@ -738,6 +818,10 @@ def problems_of(report: Mapping[str, Any]) -> list[str]:
             out.append(f"{name}: no peak-memory metric for {', '.join(missing)}")
         if not m["runs"]["released"]:
             out.append(f"{name}: the first run left memory allocated")
+        bound = m["config"].get("max_staleness", 0) + 1  # a carried group: one more
+        stale = m["throughput"].get("staleness_max")
+        if m["config"].get("mode") == "async" and (stale is None or stale > bound):
+            out.append(f"{name}: staleness {stale} past max_staleness + 1 = {bound}")
     return out
 
 
@@ -776,6 +860,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rollout.max_response_len (default 512; dry run 8)",
     )
     p.add_argument("--skip-head", action="store_true", help="leave out the bf16 head probe")
+    p.add_argument(
+        "--async-model",
+        default=PRESETS[0],
+        help="preset whose shape trains with async rollouts (max_staleness 1) beside its sync "
+        "section, to measure the overlap; '' skips",
+    )
     p.add_argument(
         "--fsdp-model",
         default=PRESETS[0],
@@ -830,6 +920,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "args": {k: str(v) for k, v in vars(args).items()},
         },
         "models": {},
+        "async": {},
         "fsdp": {},
         "bf16_head": [],
         "errors": {},
@@ -870,6 +961,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 preset,
                 lambda p=preset: check_model(p, args, Path(tmp)),
                 lambda got, p=preset: report["models"].__setitem__(p, got),
+            )
+        if args.async_model:
+            section(
+                f"async {args.async_model}",
+                lambda: check_model(args.async_model, args, Path(tmp), ASYNC),
+                lambda got: report.__setitem__("async", {"model": args.async_model, **got}),
             )
         if args.fsdp_model:
             section(

@@ -53,7 +53,7 @@ def test_the_dry_run_writes_every_section_without_the_missing_packages(tmp_path:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
-    assert set(report) == {"meta", "models", "fsdp", "bf16_head", "errors", "problems"}
+    assert set(report) == {"meta", "models", "async", "fsdp", "bf16_head", "errors", "problems"}
     assert report["meta"]["dry_run"] is True and report["problems"] == []
     assert report["errors"] == {}
     # The many-worker code path on one rank (gloo here, NCCL on a GPU): trained, wrote a
@@ -82,11 +82,23 @@ def test_the_dry_run_writes_every_section_without_the_missing_packages(tmp_path:
         assert m["checkpoint"]["saved"] and m["checkpoint"]["resumed"]
         assert m["checkpoint"]["resumed_steps"] == [2]
         assert m["runs"]["second_started"] and m["runs"]["released"]
+    # The async section: the 0.5B shape's run again with rollouts overlapping the update;
+    # every phase's metric arrived, it resumed, and no sample lagged past k + 1.
+    asyn = report["async"]
+    assert asyn["model"] == "qwen2.5-0.5b"
+    assert (asyn["config"]["mode"], asyn["config"]["max_staleness"]) == ("async", 1)
+    assert all(row["seen"] for row in asyn["memory"].values())
+    assert asyn["checkpoint"]["resumed"] and asyn["checkpoint"]["resumed_steps"] == [2]
+    assert asyn["throughput"]["step_s"] > 0 and asyn["throughput"]["staleness_max"] <= 2
+    assert asyn["throughput"]["trainer_idle_s"] is not None
+    sync_update = report["models"]["qwen2.5-0.5b"]["memory"]["update"]["plan_gib"]
+    assert asyn["memory"]["update"]["plan_gib"] > sync_update  # generation during the update
     heads = report["bf16_head"]
     assert {h["targets"] for h in heads} == {"uniform", "sampled"}
     assert all(h["within_cpu_bound"] for h in heads)
     md = (out / "gpu_check.md").read_text()
     assert "DRY RUN" in md and "| qwen2.5-1.5b | update | metric arrived |" in md
+    assert "Async rollouts (qwen2.5-0.5b shape" in md and "| async | " in md
     assert "Problems: none" in md
 
 
@@ -118,6 +130,21 @@ def test_plan_phases_compare_tensors_only(module: ModuleType) -> None:
         assert not {"context", "fragmentation", "colocation"} & set(row["plan_items"])
 
 
+def test_async_plan_phases_hold_generation_inside_the_update(module: ModuleType) -> None:
+    cfg = preset_config("qwen2.5-0.5b").with_overrides(
+        {"rollout.engine": "hf", "rollout.mode": "async"}
+    )
+    plan = plan_memory(cfg, 1, 79.0)
+    phases = module.plan_phases(plan)
+    resident = sum(plan.item(k).nbytes for k in ("masters", "adam", "async_copy", "snapshot"))
+    update = sum(plan.item(k).nbytes for k in ("weights", "grads", "activations", "head"))
+    update += plan.item("backward").nbytes
+    sampling = plan.item("kv_hf").nbytes + plan.item("rollout_weights").nbytes
+    assert phases["update"]["plan_gib"] == pytest.approx((resident + update + sampling) / GIB)
+    assert {"kv_hf", "async_copy", "snapshot"} <= set(phases["update"]["plan_items"])
+    assert phases["rollout"]["plan_gib"] == pytest.approx((resident + sampling) / GIB)
+
+
 def test_the_dry_run_shrinks_the_shape_but_keeps_the_family(module: ModuleType) -> None:
     real = module.check_architecture("qwen2.5-1.5b", dry_run=False)
     dry = module.check_architecture("qwen2.5-1.5b", dry_run=True)
@@ -132,7 +159,17 @@ def test_a_failing_section_is_reported_and_the_others_still_run(
 ) -> None:
     # A first GPU run is scarce: one section's error must not cost the rest of the report.
     code = module.main(
-        ["--dry-run", "--out", str(tmp_path), "--models", "no-such-preset", "--fsdp-model", ""]
+        [
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+            "--models",
+            "no-such-preset",
+            "--fsdp-model",
+            "",
+            "--async-model",
+            "",
+        ]
     )
     assert code == 1
     report = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -52,6 +52,13 @@ host memory (an item of the host's); and `plan_rollout_engine` plans the engine'
 weights it samples with (the one-worker recipe ships the fp32 masters, N workers' their
 compute-dtype copy), vLLM's share, graphs and sampler or the hf engine's KV cache, a CUDA context.
 
+Asynchronous rollouts (`rollout.mode = async`, docs/async.md): the rollout worker generates while
+the trainer updates, so the rollout phase's items are held during the update and the optimizer
+step (the peak adds them); after each update the trainer snapshots the weights for the worker
+(one worker: a clone of the fp32 state dict, 4P; N workers: the gathered compute-dtype weights,
+cP), held until the worker loads them, at worst through the next update; and one worker's hf
+engine samples from a copy of the fp32 masters of its own (4P), not the trainer's model.
+
 Phases: the peak is the resident items (masters, AdamW states, the engine's share, context) plus
 the largest of: the update (weights, gradients, activations, head), the optimizer step (gradients,
 scratch), the rollout (hf KV cache) and the weight sync. Gradient accumulation over several micro-batches makes the
@@ -170,26 +177,32 @@ class Plan:
     """Why it does not fit (empty when it does)."""
     engine_apart: bool = False
     """A trainer's plan whose rollout engine runs in a process of its own."""
+    overlapped: bool = False
+    """Async rollouts: generation (the rollout phase) runs during the update and the step."""
 
     @property
     def gpu_items(self) -> tuple[Item, ...]:
         return tuple(i for i in self.items if not i.on_host)
 
+    def phase_bytes(self, phase: str) -> float:
+        """GPU bytes held only in `phase` (with async overlap, the update's and the step's
+        include the rollout's: generation runs meanwhile)."""
+        own = sum(i.nbytes for i in self.gpu_items if phase in i.phases)
+        if self.overlapped and phase in ("update", "step"):
+            own += self.phase_bytes("rollout")
+        return own
+
     @property
     def peak_bytes(self) -> float:
         """Resident items plus the largest phase (update, step, rollout or sync), GPU only."""
         resident = sum(i.nbytes for i in self.gpu_items if "resident" in i.phases)
-        phases = [
-            sum(i.nbytes for i in self.gpu_items if p in i.phases)
-            for p in ("update", "step", "rollout", "sync")
-        ]
-        return resident + max(phases)
+        return resident + max(self.phase_bytes(p) for p in ("update", "step", "rollout", "sync"))
 
     @property
     def training_bytes(self) -> float:
         """The peak without the engine and the GPU runtime: what a CPU process measures."""
         skip = {"engine", "context", "fragmentation", "kv_hf", "nccl", "vllm_graphs"}
-        skip |= {"vllm_sampler", "colocation"}
+        skip |= {"vllm_sampler", "colocation", "async_copy", "snapshot"}
         kept = [i for i in self.gpu_items if i.key not in skip]
         resident = sum(i.nbytes for i in kept if "resident" in i.phases)
         return resident + max(
@@ -376,6 +389,11 @@ class Setting:
     @property
     def seq_len(self) -> int:
         return self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len
+
+    @property
+    def overlapped(self) -> bool:
+        """Async rollouts: generation runs while the trainer updates."""
+        return self.cfg.rollout.mode == "async"
 
     @property
     def offload(self) -> bool:
@@ -646,6 +664,28 @@ def _shipped(s: Setting) -> Item:
     )
 
 
+def _async_copy(s: Setting) -> Item:
+    return Item(
+        "async_copy",
+        "rollout worker's fp32 copy",
+        4 * s.a.params,
+        ("resident",),
+        detail="async: the engine samples from a copy of the masters while they are updated",
+    )
+
+
+def _snapshot(s: Setting) -> Item:
+    per_param = 4 if s.workers == 1 else s.c
+    what = "a clone of the fp32 state dict" if s.workers == 1 else "the gathered weights"
+    return Item(
+        "snapshot",
+        "weight snapshot for the worker",
+        per_param * s.a.params,
+        ("resident",),
+        detail=f"async: {what} after each update, held until the rollout worker loads it",
+    )
+
+
 def _loading(s: Setting) -> Item:
     return Item(
         "load",
@@ -746,6 +786,15 @@ def _apart(s: Setting) -> bool:
     return s.engine_apart
 
 
+def _overlapped(s: Setting) -> bool:
+    return s.overlapped
+
+
+def _hf_one_async(s: Setting) -> bool:
+    # N workers' hf engines sample from their rollout copy already (_hf_several).
+    return _hf(s) and s.overlapped and not _several(s)
+
+
 def _hf_several(s: Setting) -> bool:
     # One worker's hf engine samples with the training model itself: no copy.
     return _hf(s) and _several(s)
@@ -780,6 +829,8 @@ TRAINING_ITEMS: tuple[tuple[Callable[[Setting], bool], Callable[[Setting], Item]
     (_always, _step_scratch),
     (_vllm, _vllm_engine),
     (_hf_several, _rollout_copy),
+    (_hf_one_async, _async_copy),
+    (_overlapped, _snapshot),
     (_hf, _hf_sampling),
     (_hf_autocast, _autocast_copies),
     (_several, _weight_sync),
@@ -845,6 +896,7 @@ def plan_memory(
         kv_tokens=kv_tokens,
         seq_len=s.seq_len,
         engine_apart=engine_apart,
+        overlapped=s.overlapped and not engine_apart,
     )
     if plan.peak_bytes > s.gpu:
         problems.insert(0, f"needs {_g(plan.peak_bytes)} of {gpu_memory_gib:g} GiB per worker")
@@ -1108,7 +1160,8 @@ def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
             "; the rollout engine in a process of its own (planned below)"
             if plan.engine_apart
             else ""
-        ),
+        )
+        + ("; async: generation overlaps the update" if plan.overlapped else ""),
         "",
         f"  {'item':<31} {'GiB':>8}  {'held':<13} notes",
     ]
@@ -1118,7 +1171,8 @@ def format_plan(plan: Plan, cfg: ExperimentConfig) -> str:
         lines.append(f"  {i.label:<31} {_g(i.nbytes):>8}  {where:<13} {i.detail}{mark}")
     lines.append(
         f"  {'peak per worker':<31} {_g(plan.peak_bytes):>8}  of {plan.gpu_bytes / GIB:g} GiB "
-        "(resident + the largest phase: update, step, rollout, sync)"
+        "(resident + the largest phase: update, step, rollout, sync"
+        + (", the rollout's inside the update's and the step's)" if plan.overlapped else ")")
     )
     if plan.device == "cuda":
         lines.append(f"  {'margin':<31} {_g(plan.margin_bytes):>8}  {_margin_text(plan)}")

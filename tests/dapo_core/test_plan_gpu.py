@@ -198,3 +198,38 @@ def test_dapo_plan_rollout_actor_plans_both_gpus_and_says_which_does_not_fit(
     assert main(["plan", "--preset", "qwen2.5-7b", "--rollout-gpu-memory", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --rollout-gpu-memory plans the engine's own GPU: add --rollout-actor"
+
+
+# --- asynchronous rollouts: generation during the update -------------------------------------
+def test_async_holds_the_workers_copy_and_snapshot_and_generates_during_the_update() -> None:
+    cfg = preset_config("qwen2.5-0.5b").with_overrides({"rollout.engine": "hf"})
+    sync = plan_memory(cfg, 1, 79.0)
+    asyn = plan_memory(cfg.with_overrides({"rollout.mode": "async"}), 1, 79.0)
+    p = asyn.arch.params
+    # One worker: the rollout worker's own fp32 copy and the fp32 snapshot, 4 B/param each.
+    assert asyn.item("async_copy").nbytes == asyn.item("snapshot").nbytes == 4 * p
+    assert {"async_copy", "snapshot"} - keys(sync) == {"async_copy", "snapshot"}
+    # The update's phase holds the rollout's items too: the peak is resident + update + rollout.
+    gpu = asyn.gpu_items
+    resident = sum(i.nbytes for i in gpu if "resident" in i.phases)
+    update = sum(i.nbytes for i in gpu if "update" in i.phases)
+    rollout = sum(i.nbytes for i in gpu if "rollout" in i.phases)
+    assert asyn.overlapped and asyn.peak_bytes == pytest.approx(resident + update + rollout)
+    assert sync.peak_bytes == pytest.approx(
+        sum(i.nbytes for i in sync.gpu_items if "resident" in i.phases)
+        + max(sync.phase_bytes(ph) for ph in ("update", "step", "rollout", "sync"))
+    )
+    # Training itself is the same tensors.
+    assert asyn.training_bytes == sync.training_bytes
+    # N workers: the snapshot is the gathered bf16 weights; the rollout copy serves the engine.
+    eight = plan_memory(
+        preset_config("qwen2.5-7b").with_overrides({"rollout.mode": "async"}), 8, 79.0
+    )
+    assert eight.item("snapshot").nbytes == 2 * eight.arch.params
+    assert "async_copy" not in keys(eight)
+    # The engine apart: the trainer still snapshots, and nothing generates beside its update.
+    apart = plan_memory(cfg.with_overrides({"rollout.mode": "async"}), 1, 79.0, engine_apart=True)
+    assert "snapshot" in keys(apart) and "async_copy" not in keys(apart)
+    assert not apart.overlapped
+    text = format_plan(asyn, cfg.with_overrides({"rollout.mode": "async"}))
+    assert "async: generation overlaps the update" in text
