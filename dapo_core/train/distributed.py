@@ -46,7 +46,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -663,6 +662,11 @@ def launch_local(
         os.getpid(),
         devices,
     )
+    # A worker killed by a signal in native code (a SIGSEGV of rank 0 was seen once, in a CI
+    # rehearsal on 2026-11-29) prints its Python stack on stderr: the spawned interpreters
+    # read this at start-up (this one does not: it is already running).
+    faults = os.environ.get("PYTHONFAULTHANDLER")
+    os.environ["PYTHONFAULTHANDLER"] = "1"
     try:
         try:
             mp.spawn(_spawn_entry, args=args, nprocs=workers, join=True)
@@ -670,6 +674,10 @@ def launch_local(
             raise _worker_error(report, workers) from exc
         return TrainResult(**json.loads((report / "result.json").read_text()))
     finally:
+        if faults is None:
+            os.environ.pop("PYTHONFAULTHANDLER", None)
+        else:
+            os.environ["PYTHONFAULTHANDLER"] = faults
         shutil.rmtree(report, ignore_errors=True)
 
 
@@ -711,12 +719,6 @@ def _spawn_entry(
     puts its engine on device 0 of what it sees, whatever torch.cuda.set_device says: with
     every GPU visible, every rank's engine (and then its FSDP shards) lands on GPU 0. The hf
     engine keeps every GPU visible (NCCL's peer-to-peer paths between them stay open)."""
-    import faulthandler
-
-    # A worker that dies of a signal (SIGSEGV, SIGABRT in a native library) says where on
-    # stderr, which the launcher's caller sees; without it the launcher could only say "died
-    # without a word".
-    faulthandler.enable()
     local_rank = rank
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[rank]
@@ -761,14 +763,6 @@ def _spawn_entry(
         raise
     if rank == 0:
         (Path(report) / "result.json").write_text(json.dumps(asdict(result)))
-    # Done and reported: leave without the interpreter's teardown, where the native
-    # destructors of torch's process-group and thread-pool objects run in no fixed order (the
-    # tests' gloo workers aborted there now and then; a rank of a 2-worker real-model run
-    # died of SIGSEGV in CI on 2026-11-29, where is not known: faulthandler now says).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
