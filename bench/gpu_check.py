@@ -415,13 +415,13 @@ def check_model(
         "tokenizer": tokenizer,
         "memory": memory,
         "throughput": {
-            "rollout_tokens_per_s": _median_rate(steps, M.TOKENS_PER_S),
-            "update_tokens_per_s": _median_rate(steps, M.UPDATE_TOKENS_PER_S),
+            "rollout_tokens_per_s": _median(steps, M.TOKENS_PER_S),
+            "update_tokens_per_s": _median(steps, M.UPDATE_TOKENS_PER_S),
             # Async: what the overlap saves is the step's time; the idle seconds say which
             # side waited on the other.
-            "step_s": _median_rate(steps, M.STEP_S),
-            "rollout_idle_s": _median_value(steps, M.ROLLOUT_IDLE_S),
-            "trainer_idle_s": _median_value(steps, M.TRAINER_IDLE_S),
+            "step_s": _median(steps, M.STEP_S),
+            "rollout_idle_s": _median(steps, M.ROLLOUT_IDLE_S, positive=False),
+            "trainer_idle_s": _median(steps, M.TRAINER_IDLE_S, positive=False),
             "staleness_max": max(
                 (m.get(M.STALENESS_MAX, 0.0) for m in steps.values()), default=None
             ),
@@ -526,8 +526,8 @@ def check_fsdp(preset: str, args: argparse.Namespace, work: Path) -> dict[str, A
                     "resumed_steps": resumed,
                     "resumed": resumed == list(range(first_steps + 1, cfg.run.steps + 1)),
                     "grad_updates": [r1.grad_updates, r2.grad_updates],
-                    "rollout_tokens_per_s": _median_rate(steps, M.TOKENS_PER_S),
-                    "update_tokens_per_s": _median_rate(steps, M.UPDATE_TOKENS_PER_S),
+                    "rollout_tokens_per_s": _median(steps, M.TOKENS_PER_S),
+                    "update_tokens_per_s": _median(steps, M.UPDATE_TOKENS_PER_S),
                     "peak_gib": {
                         phase: max(
                             m[M.peak_mem(phase)] for m in steps.values() if M.peak_mem(phase) in m
@@ -549,16 +549,14 @@ def check_fsdp(preset: str, args: argparse.Namespace, work: Path) -> dict[str, A
     return out
 
 
-def _median_rate(steps: Mapping[int, Mapping[str, float]], name: str) -> float | None:
-    # The first step pays for kernel selection and the allocator's growth: skip it if we can.
-    values = [m[name] for s, m in sorted(steps.items()) if name in m and m[name] > 0]
-    values = values[1:] if len(values) > 1 else values
-    return statistics.median(values) if values else None
-
-
-def _median_value(steps: Mapping[int, Mapping[str, float]], name: str) -> float | None:
-    """Median of a metric that may be 0 (idle seconds), the first step left out if we can."""
+def _median(
+    steps: Mapping[int, Mapping[str, float]], name: str, *, positive: bool = True
+) -> float | None:
+    """Median of a metric over the steps, the first left out if we can: it pays for kernel
+    selection and the allocator's growth. `positive`: rates (a 0 is a step without the
+    phase); idle seconds may be 0."""
     values = [m[name] for s, m in sorted(steps.items()) if name in m]
+    values = [v for v in values if v > 0] if positive else values
     values = values[1:] if len(values) > 1 else values
     return statistics.median(values) if values else None
 

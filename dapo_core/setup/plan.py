@@ -391,6 +391,13 @@ class Setting:
         return self.cfg.rollout.max_prompt_len + self.cfg.rollout.max_response_len
 
     @property
+    def whole_weight_bytes(self) -> int:
+        """Bytes per parameter of the weights handed on whole (async snapshot, a hosted
+        engine's recipe and updates): one worker's fp32 masters, N workers' gathered
+        compute-dtype weights."""
+        return 4 if self.workers == 1 else self.c
+
+    @property
     def overlapped(self) -> bool:
         """Async rollouts: generation runs while the trainer updates."""
         return self.cfg.rollout.mode == "async"
@@ -651,13 +658,11 @@ def _weight_sync(s: Setting) -> Item:
 
 
 def _shipped(s: Setting) -> Item:
-    # RemoteEngine.load_weights copies every tensor to the host before Ray ships them: one
-    # worker's fp32 masters whole, N workers' gathered compute-dtype weights.
-    per_param = 4 if s.workers == 1 else s.c
+    # RemoteEngine.load_weights copies every tensor to the host before Ray ships them.
     return Item(
         "shipped",
         "weights shipped to the engine",
-        per_param * s.a.params,
+        s.whole_weight_bytes * s.a.params,
         ("sync",),
         on_host=True,
         detail="each update's weights on the host, on their way to the engine's process",
@@ -675,12 +680,11 @@ def _async_copy(s: Setting) -> Item:
 
 
 def _snapshot(s: Setting) -> Item:
-    per_param = 4 if s.workers == 1 else s.c
     what = "a clone of the fp32 state dict" if s.workers == 1 else "the gathered weights"
     return Item(
         "snapshot",
         "weight snapshot for the worker",
-        per_param * s.a.params,
+        s.whole_weight_bytes * s.a.params,
         ("resident",),
         detail=f"async: {what} after each update, held until the rollout worker loads it",
     )
@@ -998,7 +1002,6 @@ def plan_rollout_engine(
         items += [share, _vllm_graphs(s), _vllm_sampler(s)]
         problems += [problem] if problem else []
     else:
-        per_param = 4 if workers == 1 else s.c
         detail = (
             "the fp32 masters as shipped, sampled under autocast"
             if workers == 1
@@ -1006,7 +1009,11 @@ def plan_rollout_engine(
         )
         items.append(
             Item(
-                "weights", "engine's weights", per_param * s.a.params, ("resident",), detail=detail
+                "weights",
+                "engine's weights",
+                s.whole_weight_bytes * s.a.params,
+                ("resident",),
+                detail=detail,
             )
         )
         if workers == 1 and s.regime == "autocast":

@@ -38,6 +38,18 @@ def computed(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not k.startswith((M.TIME_PREFIX, "perf/"))}
 
 
+# An async run at k = 0 of the dapo arm (dynamic sampling over-samples and carries groups
+# over), every response kept as a sample, one torch thread.
+ASYNC_K0 = {
+    **FAST,
+    "run.steps": 2,
+    "run.samples_per_step": 16,
+    "run.num_threads": 1,
+    "rollout.mode": "async",
+    "rollout.max_staleness": 0,
+}
+
+
 def same(a: Any, b: Any) -> bool:
     return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
 
@@ -45,16 +57,7 @@ def same(a: Any, b: Any) -> bool:
 def test_an_engine_on_its_own_actor_trains_what_the_local_engine_does(
     tmp_path: Path, warm_ray: RayCluster
 ) -> None:
-    # dapo: dynamic sampling over-samples and carries groups over; every response kept.
-    overrides = {
-        **FAST,
-        "run.steps": 2,
-        "run.samples_per_step": 16,
-        "run.num_threads": 1,
-        "rollout.mode": "async",
-        "rollout.max_staleness": 0,
-    }
-    cfg = paper_ladder().config("dapo", "tiny", overrides)
+    cfg = paper_ladder().config("dapo", "tiny", ASYNC_K0)
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     env = {
         **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
@@ -129,15 +132,7 @@ def test_two_workers_engines_on_their_own_actors_train_what_local_engines_do(
     """Each rank's engine recipe carries a CPU copy of the rank's weights to its actor (in the
     arm's placement group, bundles 2-3), which builds the engine on its own device: the two
     ranks' engines sample exactly what engines in the ranks' own processes sample."""
-    overrides = {
-        **FAST,
-        "run.steps": 2,
-        "run.samples_per_step": 16,
-        "run.num_threads": 1,
-        "rollout.mode": "async",
-        "rollout.max_staleness": 0,
-    }
-    cfg = paper_ladder().config("dapo", "tiny", overrides).to_dict()
+    cfg = paper_ladder().config("dapo", "tiny", ASYNC_K0).to_dict()
     env = {
         **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
         **warm_ray.client_env(),
