@@ -22,14 +22,18 @@ _REGISTRARS: tuple[str, ...] = (
     "dapo_core.cli",
     "dapo_core.config_cli",
     "flows.commands",
-    "flows.sweep_rm",  # after flows.commands: `rm` is an action of its `sweep` parser
-    "db.annotations_cli",  # after flows.sweep_rm: `hide` joins `dapo sweep`'s actions
+    "db.annotations_cli",
     "flows.deploy",
     "db.cli",
     "db.aa_cli",
     "flows.export",
     "dashboard.cli",
 )
+
+# `dapo sweep ACTION`: the modules that add actions to flows.commands' `sweep` parser, in the
+# order its help lists them. argparse allows a parser one group of sub-actions, so the
+# dispatcher makes that group here, once, and hands it to each (`register_sweep_actions`).
+_SWEEP_ACTIONS: tuple[str, ...] = ("flows.sweep_rm", "db.annotations_cli")
 
 
 DESCRIPTION = """\
@@ -58,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     # succeed: a failure is a broken install and surfaces as such.
     for name in _REGISTRARS:
         importlib.import_module(name).register(sub)
+    actions = sub.choices["sweep"].add_subparsers(dest="sweep_action", metavar="ACTION")
+    for name in _SWEEP_ACTIONS:
+        importlib.import_module(name).register_sweep_actions(actions)
     return parser
 
 

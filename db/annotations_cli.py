@@ -6,8 +6,7 @@
     dapo note --run 17 "lr too high after step 40"   set a run's note (`--clear` removes it)
     dapo sweep hide 4 / dapo sweep unhide 4    leave a trial sweep out of the dashboard
 
-Registered by dapo_lab.cli after flows.sweep_rm, whose `dapo sweep` sub-actions (`rm`) the
-two sweep actions join. Bad input (an unknown sweep or run, a tag with a space) is one line and
+`hide` and `unhide` are `dapo sweep` actions, registered by dapo_lab.cli's list of them. Bad input (an unknown sweep or run, a tag with a space) is one line and
 exit 2, by the dispatcher, before anything is written.
 """
 
@@ -29,7 +28,7 @@ def _target_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Add `tag` and `note`, and `hide` / `unhide` to `dapo sweep`."""
+    """Add `tag` and `note`."""
     tag = subparsers.add_parser(
         "tag",
         help="tag a sweep or a run (or list, or remove, its tags)",
@@ -54,9 +53,9 @@ def register(subparsers: Any) -> None:
     note.add_argument("--clear", action="store_true", help="remove the note")
     note.set_defaults(func=cmd_note)
 
-    sweep = subparsers.choices["sweep"]
-    # flows.sweep_rm made `dapo sweep`'s sub-actions; argparse allows one such group a parser.
-    actions = next(a for a in sweep._actions if isinstance(a, argparse._SubParsersAction))
+
+def register_sweep_actions(actions: Any) -> None:
+    """Add `hide` and `unhide` to `dapo sweep`'s actions (the group dapo_lab.cli made)."""
     for name, hidden, text in (
         ("hide", True, "leave a (trial) sweep out of the dashboard's lists; deletes nothing"),
         ("unhide", False, "show a hidden sweep in the dashboard again"),

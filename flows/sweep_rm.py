@@ -6,8 +6,7 @@ owns every query); a run directory goes only when it is this sweep's, as its OWN
 (dapo_core.train.run_dir: store id and sweep id) and inside the runs directory
 ($DAPO_RUNS_DIR), so that a path in the store never makes the command delete anything else.
 
-Registered on `dapo sweep` (flows.commands) as a sub-action by dapo_lab.cli's registrars: it
-comes after flows.commands there, so the `sweep` parser already exists.
+A sub-action of `dapo sweep` (flows.commands), registered by dapo_lab.cli's list of them.
 """
 
 from __future__ import annotations
@@ -28,13 +27,11 @@ class RunDir:
     why: str = ""
 
 
-def register(subparsers: Any) -> None:
-    """Add `rm` to `dapo sweep` (the parser flows.commands registered)."""
+def register_sweep_actions(actions: Any) -> None:
+    """Add `rm` to `dapo sweep`'s actions (the group dapo_lab.cli made)."""
     from dapo_common.cli_args import positive_int
     from db.cli import store_argument
 
-    sweep = subparsers.choices["sweep"]
-    actions = sweep.add_subparsers(dest="sweep_action", metavar="ACTION")
     rm = actions.add_parser(
         "rm",
         help="delete a sweep: its rows in the store and its run directories (with --yes)",
