@@ -19,6 +19,12 @@ from db import ablation, reads
 
 REFRESH_S = 5.0  # live refresh period of the sweep list and the ablation table
 
+# The evaluations' scores (percentages) as the run pages show them: avg@k, pass@k, cons@k.
+EVAL_SCORE_COLUMNS = {
+    c: st.column_config.NumberColumn(c.replace("_at_", "@") + " (%)", format="%.1f")
+    for c in ("avg_at_k", "pass_at_k", "cons_at_k")
+}
+
 NO_SWEEPS = (
     "The store has no sweeps yet. Start one with `dapo sweep` (or from the Prefect UI) "
     "and it will show up here."

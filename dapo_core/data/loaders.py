@@ -39,7 +39,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -168,40 +168,32 @@ def load_problems(name_or_path: str, seed: int = 0) -> list[Problem]:
     return load_problems_with_report(name_or_path, seed)[0]
 
 
+def _generated(key: str, seed: int) -> Sequence[Any] | None:
+    """The tasks of a generated set (each with .text and .answer), None for a file-backed one.
+    The training splits are drawn with `seed`; the held-out and the lookup sets are fixed."""
+    makers: dict[str, Callable[[], Sequence[Any]]] = {
+        SYNTHETIC: lambda: synthetic.train_tasks(synthetic.TRAIN_SIZE, seed),
+        SYNTHETIC_EVAL: synthetic.eval_tasks,
+        ARITHMETIC: lambda: arithmetic.train_tasks(arithmetic.TRAIN_SIZE, seed),
+        ARITHMETIC_EVAL: arithmetic.eval_tasks,
+        EXPLORE: lambda: explore.train_tasks(explore.TRAIN_SIZE, seed),
+        EXPLORE_EVAL: explore.eval_tasks,
+        LOOKUP: lookup.train_tasks,
+        LOOKUP_EVAL: lookup.eval_tasks,
+        LOOKUP_COIN: lookup.coin_tasks,
+    }
+    make = makers.get(key)
+    return None if make is None else make()
+
+
 def load_problems_with_report(
     name_or_path: str, seed: int = 0
 ) -> tuple[list[Problem], DedupReport | None]:
     """load_problems plus the de-duplication report (None for the generated synthetic sets)."""
     key = _key(name_or_path)
-    if key == SYNTHETIC:
-        tasks = synthetic.train_tasks(synthetic.TRAIN_SIZE, seed)
-        return [Problem(t.text, str(t.answer), SYNTHETIC, i) for i, t in enumerate(tasks)], None
-    if key == SYNTHETIC_EVAL:
-        tasks = synthetic.eval_tasks()
-        return [
-            Problem(t.text, str(t.answer), SYNTHETIC_EVAL, i) for i, t in enumerate(tasks)
-        ], None
-    if key == ARITHMETIC:
-        adds = arithmetic.train_tasks(arithmetic.TRAIN_SIZE, seed)
-        return [Problem(t.text, str(t.answer), ARITHMETIC, i) for i, t in enumerate(adds)], None
-    if key == ARITHMETIC_EVAL:
-        adds = arithmetic.eval_tasks()
-        return [
-            Problem(t.text, str(t.answer), ARITHMETIC_EVAL, i) for i, t in enumerate(adds)
-        ], None
-    if key == EXPLORE:
-        forks = explore.train_tasks(explore.TRAIN_SIZE, seed)
-        return [Problem(t.text, str(t.answer), EXPLORE, i) for i, t in enumerate(forks)], None
-    if key == EXPLORE_EVAL:
-        forks = explore.eval_tasks()
-        return [Problem(t.text, str(t.answer), EXPLORE_EVAL, i) for i, t in enumerate(forks)], None
-    if key in (LOOKUP, LOOKUP_EVAL, LOOKUP_COIN):
-        keys = {
-            LOOKUP: lookup.train_tasks,
-            LOOKUP_EVAL: lookup.eval_tasks,
-            LOOKUP_COIN: lookup.coin_tasks,
-        }[key]()
-        return [Problem(t.text, t.answer, key, i) for i, t in enumerate(keys)], None
+    generated = _generated(key, seed)
+    if generated is not None:
+        return [Problem(t.text, str(t.answer), key, i) for i, t in enumerate(generated)], None
     if key in NAMED:
         path, label, source = _named_path(key), NAMED[key].file, key
     else:

@@ -66,10 +66,7 @@ if frames:
         both[["run", "step", "dataset", "k", "avg_at_k", "pass_at_k", "cons_at_k", "n_problems"]],
         hide_index=True,
         width="stretch",
-        column_config={
-            c: st.column_config.NumberColumn(c.replace("_at_", "@") + " (%)", format="%.1f")
-            for c in ("avg_at_k", "pass_at_k", "cons_at_k")
-        },
+        column_config=widgets.EVAL_SCORE_COLUMNS,
     )
 
 st.subheader("Curves")
