@@ -1,7 +1,8 @@
 """Runs for the rollout-engine actor's tests, in an interpreter of their own (ray.init is once
 per process): `runner.train` of one config with the engine in this process and again with it
-on an EngineActor of the Ray named by $RAY_ADDRESS, each run's metrics, samples and
-evaluations written as JSON, with where the engine actor ran.
+on an EngineActor of the Ray named by $RAY_ADDRESS (without it, a local Ray of 2 CPUs that this
+process starts and stops: the vLLM venv's tests have no warm Ray), each run's metrics, samples
+and evaluations written as JSON, with where the engine actor ran.
 
     python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR
 """
@@ -32,14 +33,25 @@ class JsonSink:
         self.record["evaluations"][str(step)] = dict(result)
 
 
+# A local Ray's CPUs: one for the engine's actor, one the trainer (this process) runs on.
+LOCAL_RAY_CPUS = 2
+
+
 def main() -> None:
     config, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
     from flows import ray_worker
-    from flows.rollout_actor import RolloutPlacement, host_for
 
-    ray_worker.connect(os.environ["RAY_ADDRESS"])
+    ray_worker.connect(os.environ.get("RAY_ADDRESS") or "local", num_cpus=LOCAL_RAY_CPUS)
+    try:
+        run_both(config, out)
+    finally:
+        ray_worker.shutdown()  # a local Ray's processes end with it; a joined one is left
+
+
+def run_both(config: dict[str, Any], out: Path) -> None:
     from dapo_core.setup.config import ExperimentConfig
     from dapo_core.train.runner import train
+    from flows.rollout_actor import RolloutPlacement, host_for
 
     cfg = ExperimentConfig.from_dict(config)
     hosts: dict[str, Any] = {
