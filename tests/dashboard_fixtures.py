@@ -15,6 +15,10 @@ by amounts the tests recompute by hand over windows of rollout steps.
 `build_grid_sweep` writes a third kind of sweep, on its own: a grid (`dapo sweep --arms dapo
 --grid algo.clip_high=0.24,0.28,0.32 --grid algo.clip_low=0.2,0.25`), whose five points each
 name the base arm `dapo` as their parent (siblings, not a chain), × three seeds.
+
+The app's pages run in the test's process through Streamlit's AppTest: `use_store` points the
+app at a store (with no Prefect server), `open_page` runs a page, `chart_rows` reads the table
+a chart draws; every page test uses these.
 """
 
 from __future__ import annotations
@@ -22,12 +26,61 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import pytest
 from store_runs import new_attempt
 
 from dapo_common import metric_names as mn
 from db.store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from streamlit.testing.v1 import AppTest
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+# A ceiling that only a hung page reaches (a page takes a second or two).
+APP_TIMEOUT_S = 90.0
+
+
+def use_store(monkeypatch: pytest.MonkeyPatch, url: str, tmp_path: Path) -> None:
+    """The app's environment: the store at `url`, no Prefect server and no user profile (the
+    rerun box must say so, not fail)."""
+    monkeypatch.setenv("DAPO_DB_URL", url)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+
+
+def open_page(page: str | None = None, *, only_query: bool = False, **query: object) -> AppTest:
+    """The app run once (its default page, the ablation table), then `page` if given, with
+    `query` in the URL. `only_query`: the default page runs without it and `page` opens with
+    exactly `query` (the default page's sweep picker writes ?sweep=, which a link would not
+    carry)."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(APP), default_timeout=APP_TIMEOUT_S)
+    params = {k: str(v) for k, v in query.items()}
+    if not only_query:
+        at.query_params.update(params)
+    at.run()
+    if only_query:
+        at.query_params.clear()
+        at.query_params.update(params)
+    if page is not None:
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def chart_rows(chart: object) -> pd.DataFrame:
+    """The one table an Altair chart on the page draws (st.altair_chart sends it as Arrow)."""
+    import pyarrow as pa
+
+    (named,) = chart.proto.datasets  # type: ignore[attr-defined]
+    return pa.ipc.open_stream(named.data.data).read_pandas()
+
 
 LADDER: list[dict[str, Any]] = [
     {

@@ -11,16 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dashboard_fixtures as fx
-import pandas as pd
 import pytest
+from dashboard_fixtures import chart_rows, open_page
 from streamlit.testing.v1 import AppTest
 
 from dashboard import rerun, widgets
 from db import ablation
 from db.engine import get_engine
-
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -33,31 +30,8 @@ def fixture_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
 def _store_env(
     fixture_store: fx.FixtureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[None]:
-    monkeypatch.setenv("DAPO_DB_URL", fixture_store.url)
-    # No Prefect server and no user profile: the rerun button must say so, not fail.
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    fx.use_store(monkeypatch, fixture_store.url, tmp_path)
     yield
-
-
-def open_page(page: str | None = None, **query: object) -> AppTest:
-    """Run the app once (the default page), then switch to `page` if given."""
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.run()
-    if page is not None:
-        at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def chart_rows(chart: object) -> pd.DataFrame:
-    """The one table an Altair chart on the page draws (st.altair_chart sends it as Arrow)."""
-    import pyarrow as pa
-
-    (named,) = chart.proto.datasets  # type: ignore[attr-defined]
-    return pa.ipc.open_stream(named.data.data).read_pandas()
 
 
 def texts(at: AppTest) -> str:

@@ -15,8 +15,6 @@ from streamlit.testing.v1 import AppTest
 
 from db import looks
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-
 
 @pytest.fixture(scope="module")
 def fixture_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
@@ -28,19 +26,12 @@ def fixture_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
 def _store_env(
     fixture_store: fx.FixtureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[None]:
-    monkeypatch.setenv("DAPO_DB_URL", fixture_store.url)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    fx.use_store(monkeypatch, fixture_store.url, tmp_path)
     yield
 
 
 def ablation_page(sweep_id: int) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=60.0)
-    at.query_params["sweep"] = str(sweep_id)
-    at.run()
-    at.switch_page("views/ablation.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return fx.open_page("ablation", sweep=sweep_id)
 
 
 def comparisons(at: AppTest) -> pd.DataFrame:

@@ -13,13 +13,13 @@ from typing import Any
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
+from dashboard_fixtures import chart_rows
 from streamlit.testing.v1 import AppTest
 
 from dapo_common import metric_names as mn
 from dashboard import grids
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 BASE = "clip_higher"
 # arm -> (clip_high, final score of seeds 0 and 1)
 POINTS: dict[str, tuple[float, tuple[float, float]]] = {
@@ -75,19 +75,7 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
 
 def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, **query: object) -> AppTest:
     monkeypatch.setenv("DAPO_DB_URL", url)
-    at = AppTest.from_file(str(APP), default_timeout=90.0)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.run()
-    at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def chart_rows(chart: object) -> pd.DataFrame:
-    import pyarrow as pa
-
-    (named,) = chart.proto.datasets  # type: ignore[attr-defined]
-    return pa.ipc.open_stream(named.data.data).read_pandas()
+    return fx.open_page(page, **query)
 
 
 LABELS = ["clip_high=0.28 (base)", "clip_high=0.2", "clip_high=0.24", "clip_high=0.32"]

@@ -25,7 +25,6 @@ from dashboard import token_colours as tc
 from dashboard.rollouts import NO_TOKENS
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 TIMEOUT_S = 60.0
 
 # Group 0 was trained: rewards (+1, −1, −1, +1), mean 0, unbiased std √(4/3) = 1.1547, so its
@@ -103,12 +102,7 @@ def group_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
 
 def open_page(url: str, page: str, monkeypatch: pytest.MonkeyPatch, **query: object) -> AppTest:
     monkeypatch.setenv("DAPO_DB_URL", url)
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.run()
-    at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return fx.open_page(page, **query)
 
 
 @pytest.fixture(autouse=True)

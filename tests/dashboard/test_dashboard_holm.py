@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dashboard_fixtures as fx
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -17,26 +18,18 @@ from table_stores import build_holm, build_threshold
 from db import ablation
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-
 
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, int, int]:
     """(url, the Holm sweep, the threshold sweep), the dashboard pointed at it."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     holm, threshold = build_holm(url), build_threshold(url)
-    monkeypatch.setenv("DAPO_DB_URL", url)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    fx.use_store(monkeypatch, url, tmp_path)
     return url, holm, threshold
 
 
 def _ablation_page(sweep: int) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=60.0)
-    at.query_params["sweep"] = str(sweep)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return fx.open_page(sweep=sweep)
 
 
 def _frame_with(at: AppTest, column: str) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from typing import Any
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
+from dashboard_fixtures import open_page
 from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
 from streamlit.testing.v1 import AppTest
 
@@ -23,10 +24,6 @@ from db import annotations as ann
 from db.annotations import Target
 from db.engine import get_engine
 from db.store import Store
-
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-TIMEOUT_S = 60.0
-
 
 # --- pure pieces -----------------------------------------------------------------------------
 
@@ -134,25 +131,13 @@ def fixture_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
 def _store_env(
     fixture_store: fx.FixtureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[None]:
-    monkeypatch.setenv("DAPO_DB_URL", fixture_store.url)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    fx.use_store(monkeypatch, fixture_store.url, tmp_path)
     yield
     engine = get_engine(fixture_store.url)  # every test starts from no annotations
     for sweep_id in (fixture_store.sweep_id, fixture_store.other_sweep_id):
         ann.set_hidden(engine, sweep_id, False)
         ann.set_tags(engine, Target(sweep_id), [])
         ann.set_note(engine, Target(sweep_id), None)
-
-
-def open_page(page: str | None = None, **query: object) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.run()
-    if page is not None:
-        at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def texts(at: AppTest) -> str:

@@ -24,8 +24,6 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import browser, rerun
 
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "dashboard" / "app.py"
 BIN = Path(sys.executable).parent
 
 
@@ -123,11 +121,7 @@ def requests(
 
 
 def run_page(store: fx.FixtureStore) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.query_params.update({"sweep": str(store.sweep_id), "live": "0"})
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+    return fx.open_page(sweep=store.sweep_id, live=0)
 
 
 def test_rerun_asks_first_and_says_what_will_happen(

@@ -13,15 +13,13 @@ from pathlib import Path
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
+from dashboard_fixtures import chart_rows
 from streamlit.testing.v1 import AppTest
 
 from dashboard import run_table
 from db import annotations as ann
 from db import run_index
 from db.engine import get_engine
-
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-TIMEOUT_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -40,30 +38,14 @@ def fixture_store(tmp_path_factory: pytest.TempPathFactory) -> fx.FixtureStore:
 def _store_env(
     fixture_store: fx.FixtureStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[None]:
-    monkeypatch.setenv("DAPO_DB_URL", fixture_store.url)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    fx.use_store(monkeypatch, fixture_store.url, tmp_path)
     yield
 
 
 def open_page(page: str, **query: object) -> AppTest:
     """The app, then `page` with exactly `query` in the URL (the default page's sweep picker
     writes ?sweep=, which a link to this page would not carry)."""
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    at.run()
-    at.query_params.clear()
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.switch_page(f"views/{page}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def chart_rows(chart: object) -> pd.DataFrame:
-    import pyarrow as pa
-
-    (named,) = chart.proto.datasets  # type: ignore[attr-defined]
-    return pa.ipc.open_stream(named.data.data).read_pandas()
+    return fx.open_page(page, only_query=True, **query)
 
 
 def table(at: AppTest) -> pd.DataFrame:

@@ -4,19 +4,15 @@ load grows with what is shown, not with what the store holds."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dashboard_fixtures as fx
 import pandas as pd
 import pytest
 from store_runs import new_attempt
-from streamlit.testing.v1 import AppTest
 
 from db import ablation
 from db import annotations as ann
 from db.store import Store
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
 SWEEPS = 30
 
 
@@ -57,10 +53,7 @@ def test_the_page_lists_the_newest_25_then_all(
 ) -> None:
     url, ids = many
     monkeypatch.setenv("DAPO_DB_URL", url)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.run()
-    at.switch_page("views/sweeps.py").run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = fx.open_page("sweeps")
     newest = [i for i in reversed(ids) if i != ids[-2]]  # the hidden one is left out
     assert at.dataframe[0].value["sweep_id"].tolist() == newest[:25]
     captions = "\n".join(c.value for c in at.caption)
