@@ -17,6 +17,11 @@ its own engine), so what overlaps is only what one side leaves idle; on a GPU no
 engine has a device of its own and the overlap is the point. The held-out evaluations are off
 (data.eval_every=0) so that both modes time only their steps.
 
+Memory: each run's resident memory (its process and their descendants, from /proc, every half
+second) gives the mode's peak and its growth over the run's last third (the last third's peak
+less the middle third's): an arm that keeps what it no longer needs (old weight snapshots,
+queued groups) grows there, a steady one stays near 0.
+
 `--rollout-actor` adds a third mode, `actor`: async at the same k with the rollout engine on a
 Ray actor of its own (flows/rollout_actor.py) in a local Ray of `threads` CPUs, the trainer on
 threads − 1 torch threads and the engine's actor on 1 CPU: the same cores, split between two
@@ -69,6 +74,50 @@ finally:
 """
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` and its descendants (Linux /proc); 0 once it is gone."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        here = todo.pop()
+        try:
+            status = Path(f"/proc/{here}/status").read_text()
+        except OSError:
+            continue
+        total += next(
+            (
+                int(line.split()[1]) * 1024
+                for line in status.splitlines()
+                if line.startswith("VmRSS:")
+            ),
+            0,
+        )
+        todo += children.get(here, [])
+    return total
+
+
+def memory_summary(samples: list[tuple[float, int]]) -> dict[str, float]:
+    """Peak resident bytes, and the growth of the peak from the middle third of the run's time
+    to its last third."""
+    if not samples:
+        return {"peak_rss": 0.0, "late_growth": 0.0}
+    end = samples[-1][0]
+    middle = [rss for t, rss in samples if end / 3 <= t < 2 * end / 3] or [0]
+    last = [rss for t, rss in samples if t >= 2 * end / 3] or [0]
+    return {
+        "peak_rss": float(max(rss for _, rss in samples)),
+        "late_growth": float(max(last) - max(middle)),
+    }
+
+
 def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     """One `dapo train` run (or, for `actor`, runner.train with the engine on a Ray actor);
     its metrics summarised."""
@@ -84,8 +133,18 @@ def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
         cmd += [str(args.staleness), str(args.threads), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    samples: list[tuple[float, int]] = []
+    while True:
+        samples.append((time.perf_counter() - started, tree_rss_bytes(proc.pid)))
+        try:
+            proc.wait(timeout=0.5)  # the next sample comes when this wait ends
+            break
+        except subprocess.TimeoutExpired:
+            pass
     wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
     rows = [json.loads(line)["metrics"] for line in (out / "metrics.jsonl").open()]
     later = rows[1:] or rows
     return {
@@ -94,6 +153,7 @@ def run_once(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
         "trainer_idle_s": statistics.fmean(r.get("time/trainer_idle_s", 0.0) for r in later),
         "train_tokens_per_s": statistics.fmean(r["perf/train_tokens_per_s"] for r in later),
         "staleness_mean": statistics.fmean(r.get("staleness/mean", 0.0) for r in later),
+        **memory_summary(samples),
     }
 
 
@@ -128,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {r + 1} {mode:5s}: step {got['step_s']:.2f} s, trainer idle "
                     f"{got['trainer_idle_s']:.2f} s/step, trainer {got['train_tokens_per_s']:.0f} "
-                    f"tokens/s, staleness {got['staleness_mean']:.2f}, wall {got['wall_s']:.0f} s",
+                    f"tokens/s, staleness {got['staleness_mean']:.2f}, wall {got['wall_s']:.0f} s, "
+                    f"peak RSS {got['peak_rss'] / 2**30:.2f} GiB, late growth "
+                    f"{got['late_growth'] / 2**20:+.0f} MiB",
                     flush=True,
                 )
     best = {mode: min(rows, key=lambda x: x["step_s"]) for mode, rows in results.items()}
@@ -136,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"best step time: sync {best['sync']['step_s']:.2f} s, async {best['async']['step_s']:.2f} s; "
         f"async/sync {ratio:.2f} (below 1: the overlap pays); load after {os.getloadavg()[0]:.1f}"
+    )
+    peak = {mode: max(r["peak_rss"] for r in rows) for mode, rows in results.items()}
+    print(
+        f"peak RSS: sync {peak['sync'] / 2**30:.2f} GiB, async {peak['async'] / 2**30:.2f} GiB; "
+        f"async/sync {peak['async'] / max(peak['sync'], 1.0):.2f}"
     )
     if "actor" in best:
         print(
