@@ -5,12 +5,18 @@ process starts and stops: the vLLM venv's tests have no warm Ray), each run's me
 and evaluations written as JSON, with where the engine actor ran.
 
     python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR
+
+The tests (the hf engine's in tests/flows, vLLM's in tests/vllm_engine) call `drive`, which runs
+this script, and `check_actor_run_is_the_local_run` on what it wrote.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,6 +37,63 @@ class JsonSink:
 
     def log_evaluation(self, step: int, result: Mapping[str, Any]) -> None:
         self.record["evaluations"][str(step)] = dict(result)
+
+
+def drive(config: Mapping[str, Any], out: Path, env: Mapping[str, str], timeout_s: float) -> None:
+    """This script on `config`, its JSON in `out`; a test failure with its stderr if it fails.
+    A session of its own: on a timeout it and a Ray it started are killed together."""
+    import pytest
+
+    (out / "config.json").write_text(json.dumps(config))
+    driver = subprocess.Popen(
+        [sys.executable, __file__, str(out / "config.json"), str(out)],
+        env=dict(env),
+        cwd=out,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = driver.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        _, stderr = driver.communicate()
+        pytest.fail(f"the driver ran past {timeout_s:.0f} s: {stderr[-3000:]}")
+    assert driver.returncode == 0, stderr[-3000:]
+
+
+def computed(metrics: Mapping[str, float]) -> dict[str, float]:
+    """What a run computes, not how long it took (time/..., perf/...)."""
+    from dapo_common import metric_names as M
+
+    return {k: v for k, v in metrics.items() if not k.startswith((M.TIME_PREFIX, "perf/"))}
+
+
+def same(a: Any, b: Any) -> bool:
+    return bool(a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
+
+
+def check_actor_run_is_the_local_run(out: Path, steps: int) -> dict[str, Any]:
+    """The run with its engine on an actor trained exactly what the run with it in the
+    trainer's process trained (every computed metric, the samples and the evaluations), its
+    engine in another process; returns the local run's record."""
+    from dapo_common import metric_names as M
+
+    local = json.loads((out / "local.json").read_text())
+    actor = json.loads((out / "actor.json").read_text())
+    (where,) = json.loads((out / "where.json").read_text())
+    assert where["engine"]["pid"] != where["trainer_pid"]  # sampled in another process
+    assert sorted(actor["metrics"]) == [str(s) for s in range(1, steps + 1)]
+    for step, metrics in local["metrics"].items():
+        a, b = computed(metrics), computed(actor["metrics"][step])
+        assert M.POLICY_LOSS in a and M.STALENESS_MEAN in a
+        assert set(a) == set(b), (step, set(a) ^ set(b))
+        differ = {k: (a[k], b[k]) for k in a if not same(a[k], b[k])}
+        assert not differ, (step, differ)  # exactly equal: not approximately
+    assert local["samples"] and actor["samples"] == local["samples"]
+    assert actor["evaluations"] == local["evaluations"]
+    return dict(local)
 
 
 # A local Ray's CPUs: one for the engine's actor, one the trainer (this process) runs on.
