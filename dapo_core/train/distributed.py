@@ -662,11 +662,6 @@ def launch_local(
         os.getpid(),
         devices,
     )
-    # A worker killed by a signal in native code (a SIGSEGV of rank 0 was seen once, in a CI
-    # rehearsal on 2026-11-29) prints its Python stack on stderr: the spawned interpreters
-    # read this at start-up (this one does not: it is already running).
-    faults = os.environ.get("PYTHONFAULTHANDLER")
-    os.environ["PYTHONFAULTHANDLER"] = "1"
     try:
         try:
             mp.spawn(_spawn_entry, args=args, nprocs=workers, join=True)
@@ -674,10 +669,6 @@ def launch_local(
             raise _worker_error(report, workers) from exc
         return TrainResult(**json.loads((report / "result.json").read_text()))
     finally:
-        if faults is None:
-            os.environ.pop("PYTHONFAULTHANDLER", None)
-        else:
-            os.environ["PYTHONFAULTHANDLER"] = faults
         shutil.rmtree(report, ignore_errors=True)
 
 
@@ -719,6 +710,13 @@ def _spawn_entry(
     puts its engine on device 0 of what it sees, whatever torch.cuda.set_device says: with
     every GPU visible, every rank's engine (and then its FSDP shards) lands on GPU 0. The hf
     engine keeps every GPU visible (NCCL's peer-to-peer paths between them stay open)."""
+    import faulthandler
+
+    # A rank killed by a signal in native code (a SIGSEGV of rank 0 was seen once, in a CI
+    # rehearsal on 2026-11-29) prints its Python stack on stderr. Where a handler is on
+    # already (a test runs this entry inside pytest, whose plugin owns it), it stays as it is.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     local_rank = rank
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[rank]
