@@ -278,3 +278,27 @@ def test_a_peers_departure_is_told_from_a_ranks_own_error() -> None:
         "CUDA out of memory",
     ):
         assert not is_peer_gone(own), own
+
+
+def test_gathered_weights_name_a_tied_parameter_as_the_state_dict_does(monkeypatch) -> None:
+    """lm_head.weight, tied to the input embedding, is read under its own name too (an engine
+    loading by name, as vLLM's layer-wise reload does, needs it), gathered once."""
+    from dapo_core.train import distributed
+
+    model = tiny_llama(len(char_tokenizer()), 0, tie_word_embeddings=True)
+    state = model.state_dict()
+    gathers: list[int] = []
+
+    def counted(t: torch.Tensor, **kw: Any) -> torch.Tensor:
+        gathers.append(id(t))
+        return full_tensor(t, **kw)
+
+    monkeypatch.setattr(distributed, "full_tensor", counted)
+    weights = distributed.GatheredWeights(model, dtype=torch.bfloat16, device=torch.device("cpu"))
+    read = dict(weights.items())
+    assert list(read) == [k for k in state if k in read] and set(read) == set(state)
+    assert "lm_head.weight" in read and read["lm_head.weight"] is read["model.embed_tokens.weight"]
+    assert len(gathers) == len(set(gathers)) == len(dict(model.named_parameters()))
+    for name, value in read.items():
+        assert value.dtype == torch.bfloat16 and torch.equal(value, state[name].bfloat16())
+    assert not weights._held  # the tied tensor is let go once its last name is read

@@ -25,9 +25,9 @@ from dapo_core.engines.base import SamplingParams  # noqa: E402
 from dapo_core.engines.vllm_engine import VLLMEngine  # noqa: E402
 
 
-def _model(seed: int, vocab: int) -> LlamaForCausalLM:
+def _model(seed: int, vocab: int, *, tied: bool = False) -> LlamaForCausalLM:
     """Two layers, 128 wide, with a stronger EOS logit so that some samples stop before the
-    budget."""
+    budget; `tied`: lm_head shares the input embedding (the tiny preset's and SmolLM2's way)."""
     model = tiny_llama(
         vocab,
         seed,
@@ -37,7 +37,7 @@ def _model(seed: int, vocab: int) -> LlamaForCausalLM:
         num_key_value_heads=2,
         intermediate_size=256,
         max_position_embeddings=256,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     return model.eval()
 

@@ -27,15 +27,15 @@ from dapo_core.engines.vllm_engine import VLLMEngine  # noqa: E402
 from dapo_core.train.distributed import push_weights, shard_policy  # noqa: E402
 
 
-def _worker(rank: int, init: str, model_dir: str, out: str) -> None:
+def _worker(rank: int, init: str, model_dir: str, out: str, tied: bool) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         tok = char_tokenizer()
-        model_a = _model(0, len(tok))
-        policy = _model(1, len(tok))  # the "trained" weights, B
+        model_a = _model(0, len(tok), tied=tied)
+        policy = _model(1, len(tok), tied=tied)  # the "trained" weights, B
         model_b = copy.deepcopy(policy)
         engine = VLLMEngine(
             model_dir,
@@ -68,12 +68,18 @@ def _worker(rank: int, init: str, model_dir: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_each_worker_engine_samples_with_weights_gathered_from_shards(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_each_worker_engine_samples_with_weights_gathered_from_shards(
+    tmp_path: Path, tied: bool
+) -> None:
+    """Tied: lm_head.weight is pushed under its own name too (vLLM's layer-wise reload left the
+    whole model on model A's weights without it)."""
     tok = char_tokenizer()
     init = tmp_path / "init"
-    _model(0, len(tok)).save_pretrained(init)  # every engine starts from model A
+    _model(0, len(tok), tied=tied).save_pretrained(init)  # every engine starts from model A
     tok.save_pretrained(init)
-    mp.spawn(_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(init), str(tmp_path)), nprocs=2)
+    port = free_port()
+    mp.spawn(_worker, args=(f"tcp://127.0.0.1:{port}", str(init), str(tmp_path), tied), nprocs=2)
     for rank in (0, 1):
         r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert r["n"] == 2 * len(PROMPTS)
