@@ -4,7 +4,14 @@ on an EngineActor of the Ray named by $RAY_ADDRESS (without it, a local Ray of 2
 process starts and stops: the vLLM venv's tests have no warm Ray), each run's metrics, samples
 and evaluations written as JSON, with where the engine actor ran.
 
-    python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR
+    python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR [--workers VARIANTS]
+
+With `--workers`, an arm of two workers instead, through flows.ray_worker.run_training (what
+`dapo arm` calls) with a SQLite store in OUT_DIR, once per variant named (comma-separated):
+`local` (each rank's engine in its own process), `actor` (each on an EngineActor of the arm's
+placement group), `sync` (local engines, rollout.mode=sync); OUT_DIR/workers.json holds each
+variant's metrics by "step name", the engine actors made and the vLLM skeletons left in the
+runs' directories.
 
 The tests (the hf engine's in tests/flows, vLLM's in tests/vllm_engine) call `drive`, which runs
 this script, and `check_actor_run_is_the_local_run` on what it wrote.
@@ -39,14 +46,22 @@ class JsonSink:
         self.record["evaluations"][str(step)] = dict(result)
 
 
-def drive(config: Mapping[str, Any], out: Path, env: Mapping[str, str], timeout_s: float) -> None:
-    """This script on `config`, its JSON in `out`; a test failure with its stderr if it fails.
-    A session of its own: on a timeout it and a Ray it started are killed together."""
+def drive(
+    config: Mapping[str, Any],
+    out: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    workers: Sequence[str] = (),
+) -> None:
+    """This script on `config` (with `workers`: its two-worker variants), its JSON in `out`; a
+    test failure with its stderr if it fails. A session of its own: on a timeout it and a Ray
+    it started are killed together."""
     import pytest
 
     (out / "config.json").write_text(json.dumps(config))
+    more = ["--workers", ",".join(workers)] if workers else []
     driver = subprocess.Popen(
-        [sys.executable, __file__, str(out / "config.json"), str(out)],
+        [sys.executable, __file__, str(out / "config.json"), str(out), *more],
         env=dict(env),
         cwd=out,
         stdout=subprocess.PIPE,
@@ -96,6 +111,27 @@ def check_actor_run_is_the_local_run(out: Path, steps: int) -> dict[str, Any]:
     return dict(local)
 
 
+def check_variants_are_the_local_run(out: Path, steps: int) -> dict[str, Any]:
+    """Every two-worker variant in OUT_DIR/workers.json computed exactly the `local` run's
+    metrics (less time/ and perf/) at steps 1..`steps`; returns the report."""
+    from dapo_common import metric_names as M
+
+    report = json.loads((out / "workers.json").read_text())
+
+    def kept(name: str) -> dict[str, float]:
+        return {k: v for k, v in report[name].items() if computed({k.split(" ", 1)[1]: v})}
+
+    local = kept("local")
+    assert {k.split(" ")[0] for k in local} == {str(s) for s in range(1, steps + 1)}
+    assert any(M.POLICY_LOSS in k for k in local)
+    for name in report.keys() & VARIANTS.keys() - {"local"}:
+        other = kept(name)
+        assert set(other) == set(local), (name, set(other) ^ set(local))
+        differ = {k: (local[k], other[k]) for k in local if not same(local[k], other[k])}
+        assert not differ, (name, differ)  # exactly equal: not approximately
+    return dict(report)
+
+
 # A local Ray's CPUs: one for the engine's actor, one the trainer (this process) runs on.
 LOCAL_RAY_CPUS = 2
 
@@ -106,7 +142,10 @@ def main() -> None:
 
     ray_worker.connect(os.environ.get("RAY_ADDRESS") or "local", num_cpus=LOCAL_RAY_CPUS)
     try:
-        run_both(config, out)
+        if sys.argv[3:4] == ["--workers"]:
+            run_two_workers(config, out, sys.argv[4].split(","))
+        else:
+            run_both(config, out)
     finally:
         ray_worker.shutdown()  # a local Ray's processes end with it; a joined one is left
 
@@ -135,6 +174,74 @@ def run_both(config: dict[str, Any], out: Path) -> None:
         train(cfg, sink=sink, out_dir=out / name, resume=False, engine_host=host)
         (out / f"{name}.json").write_text(json.dumps(sink.record, default=str))
     (out / "where.json").write_text(json.dumps(where))
+
+
+# Each variant's resources: two workers of half a CPU (and with `actor`, two engines' actors of
+# half a CPU), so that the arm fits a local Ray of LOCAL_RAY_CPUS.
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "local": ({}, {}),
+    "actor": ({}, {"rollout_actor": True, "rollout_cpus": 0.5}),
+    "sync": ({"mode": "sync", "max_staleness": 1}, {}),  # k: its default (must not be 0)
+}
+
+
+def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> None:
+    from ray._private import state  # the GCS's table (ray.util.state needs Ray's dashboard)
+
+    from dapo_core.setup.ladders import paper_ladder
+    from db import reads
+    from db.store import Store
+    from flows import ray_worker
+    from flows.params import Resources
+
+    url = f"sqlite:///{out / 'store.db'}"
+    store = Store(url)
+
+    def engines() -> set[str]:
+        return {i for i, a in state.actors().items() if a["ActorClassName"] == "EngineActor"}
+
+    before, report = engines(), {}
+    for name in names:
+        rollout, extra = VARIANTS[name]
+        variant = {**config, "rollout": {**config["rollout"], **rollout}}
+        sweep = store.create_sweep(
+            name=name,
+            preset="tiny",
+            arms=["dapo"],
+            seeds=[0],
+            base_config=variant,
+            ladder=paper_ladder().rows(),
+        )
+        run = store.resume_attempt(
+            sweep_id=sweep,
+            arm="dapo",
+            seed=0,
+            config=variant,
+            config_hash="h",
+            after=None,
+            resume_step=None,
+            checkpoint_dir=str(out / name),
+        ).run_id
+        owner = {
+            "store": store.store_id,
+            "sweep": sweep,
+            "arm": "dapo",
+            "seed": 0,
+            "config_hash": "h",
+        }
+        ray_worker.run_training(
+            run_id=run,
+            config=variant,
+            store_url=url,
+            out_dir=str(out / name),
+            owner=owner,
+            resources=Resources(cpus=0.5, workers=2, **extra),
+        )
+        curves = reads.metric_curves(store.engine, [run])
+        report[name] = {f"{r.step} {r.name}": r.value for r in curves.itertuples()}
+    report["engine_actors"] = len(engines() - before)
+    report["skeletons"] = sorted(str(p.parent.relative_to(out)) for p in out.glob("*/*vllm-init"))
+    (out / "workers.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ transformers.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,10 +49,12 @@ def make_engine(
 
     `hf` samples from `model` itself under autocast to the compute dtype (model.dtype).
     `vllm` starts from a skeleton (config, generation config and tokenizer; no weights) written
-    under `work_dir` (a temporary directory by default) with vLLM's dummy weights, then receives
-    the model's current weights from memory through load_weights, as every later sync does: no
-    float32 copy of the model goes through disk (at 7B it was ~28 GiB written, then read, per
-    start). `init_dir` names a directory already holding a skeleton (the workers of one arm share
+    under `work_dir` with vLLM's dummy weights, then receives the model's current weights from
+    memory through load_weights, as every later sync does: no float32 copy of the model goes
+    through disk (at 7B it was ~28 GiB written, then read, per start). Without `work_dir` the
+    skeleton goes in a temporary directory of this process, removed when the engine closes: an
+    engine hosted on another node writes its own there, needing no directory shared with the
+    trainer's. `init_dir` names a directory already holding a skeleton (the workers of one arm share
     the one rank 0 wrote: `sync_first=False`, each rank pushes its gathered shards itself) or a
     whole model (an HF export to evaluate: loaded as it is); `seed` overrides run.seed (each
     worker's engine draws from its own stream); `llm_kwargs` go to vLLM's `LLM` as they are.
@@ -81,22 +84,34 @@ def make_engine(
         from dapo_core.engines.vllm_engine import VLLMEngine, import_vllm
 
         import_vllm()  # fail with the install hint before writing anything
+        scratch = None
         if init_dir is not None:
             target = Path(init_dir)
         else:
-            target = Path(work_dir or tempfile.mkdtemp(prefix="dapo-vllm-")) / "vllm-init"
+            if work_dir is None:
+                scratch = tempfile.mkdtemp(prefix="dapo-vllm-")
+            target = Path(work_dir or str(scratch)) / "vllm-init"
             write_skeleton(model, tokenizer, target)
         skeleton = not has_weights(target)
-        engine = VLLMEngine(
-            str(target),
-            eos_token_ids=eos_token_ids(model, tokenizer),
-            max_prompt_len=cfg.rollout.max_prompt_len,
-            max_response_len=cfg.rollout.max_response_len,
-            dtype=cfg.model.dtype,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            seed=seed,
-            llm_kwargs={**({"load_format": "dummy"} if skeleton else {}), **(llm_kwargs or {})},
-        )
+        try:
+            engine = VLLMEngine(
+                str(target),
+                eos_token_ids=eos_token_ids(model, tokenizer),
+                max_prompt_len=cfg.rollout.max_prompt_len,
+                max_response_len=cfg.rollout.max_response_len,
+                dtype=cfg.model.dtype,
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                seed=seed,
+                llm_kwargs={
+                    **({"load_format": "dummy"} if skeleton else {}),
+                    **(llm_kwargs or {}),
+                },
+                scratch_dir=scratch,
+            )
+        except BaseException:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
         if skeleton and sync_first:
             # Before the first sample: vLLM's dummy weights are random numbers.
             engine.load_weights(model.state_dict())

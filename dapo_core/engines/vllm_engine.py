@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -77,6 +78,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         seed: int = 0,
         llm_kwargs: Mapping[str, Any] | None = None,
+        scratch_dir: str | None = None,
     ) -> None:
         """
         Args:
@@ -85,7 +87,10 @@ class VLLMEngine:
             eos_token_ids: the tokens that end a response (must match the trainer's).
             max_prompt_len: prompts longer than this are left-truncated.
             max_response_len: generation budget; with max_prompt_len it sizes the KV cache.
+            scratch_dir: a directory the engine owns from here on (the skeleton make_engine
+                wrote for it in this process's temporary space): removed when it closes.
         """
+        self.scratch_dir = scratch_dir
         vllm = import_vllm()
         self._vllm = vllm
         self.max_prompt_len = max_prompt_len
@@ -196,6 +201,9 @@ class VLLMEngine:
         before the worker's teardown, not after it. Idempotent."""
         llm = self.__dict__.pop("llm", None)
         self.__dict__.pop("tokenizer", None)
+        scratch = self.__dict__.pop("scratch_dir", None)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         if llm is None:
             return
         client = _walk(llm, ("llm_engine", "engine_core"))

@@ -571,11 +571,20 @@ def _make_rank_engine(
         # ~28 GiB of disk and a read per rank at 7B.
         from dapo_core.engines import write_skeleton
 
-        init_dir = out_dir / VLLM_INIT_DIR
-        if coll.rank == 0:
-            shutil.rmtree(init_dir, ignore_errors=True)
-            write_skeleton(model, tokenizer, init_dir)
-        coll.barrier()
+        init_dir: Path | None = None
+        if host is None:
+            init_dir = shared = out_dir / VLLM_INIT_DIR
+            if coll.rank == 0:
+                shutil.rmtree(shared, ignore_errors=True)
+                write_skeleton(model, tokenizer, shared)
+            coll.barrier()
+        else:
+            # A hosted engine writes its own skeleton on its node (no runs directory shared
+            # across nodes needed), from a weightless model: rank 0's real weights would
+            # travel to the actor for nothing.
+            from dapo_core.models import load_policy_skeleton
+
+            model = load_policy_skeleton(cfg.model, dtype="float32")[0]
         recipe = functools.partial(
             make_engine,
             "vllm",

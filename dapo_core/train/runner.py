@@ -166,7 +166,8 @@ class OneWorker:
             rollout_model(cfg, model, hosted=self.engine_host is not None),
             copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer,
             cfg,
-            work_dir=run.out_dir,
+            # A hosted engine writes vLLM's skeleton where it runs (its node's temporary space).
+            work_dir=run.out_dir if self.engine_host is None else None,
             device="auto" if self.engine_host is not None else None,
         )
         engine = recipe() if self.engine_host is None else self.engine_host(recipe)

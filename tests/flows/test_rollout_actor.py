@@ -10,19 +10,19 @@ line.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from dapo_cli import FAST, FLOW_TEST_TIMEOUT_S, ROOT
 from ray_cluster import RayCluster
-from rollout_actor_driver import check_actor_run_is_the_local_run, computed, drive, same
+from rollout_actor_driver import (
+    check_actor_run_is_the_local_run,
+    check_variants_are_the_local_run,
+    drive,
+)
 
-from dapo_common import metric_names as M
 from dapo_core.setup.ladders import paper_ladder
 from flows import plan
 from flows.params import Resources
@@ -55,49 +55,16 @@ def test_an_engine_on_its_own_actor_trains_what_the_local_engine_does(
     check_actor_run_is_the_local_run(tmp_path, steps=2)
 
 
-# Trains one config twice on two workers of the warm Ray through flows.ray_worker.run_training
-# (what `dapo arm` calls): its engines in the ranks' processes, then on EngineActors.
-TWO_WORKERS = """
-import json, sys
-from flows import ray_worker
-import ray
-from ray._private import state  # the GCS's table (ray.util.state needs Ray's dashboard)
-from db import reads
-from db.store import Store
-from flows.params import Resources
-from dapo_core.setup.ladders import paper_ladder
-
-url, out, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-ray_worker.connect()  # the warm Ray ($RAY_ADDRESS)
-store = Store(url)
-engines = lambda: {i for i, a in state.actors().items() if a["ActorClassName"] == "EngineActor"}
-before, report = engines(), {}
-for name, extra in (("local", {}), ("actor", {"rollout_actor": True, "rollout_cpus": 0.5})):
-    sweep = store.create_sweep(name=name, preset="tiny", arms=["dapo"], seeds=[0],
-                               base_config=config, ladder=paper_ladder().rows())
-    run = store.resume_attempt(sweep_id=sweep, arm="dapo", seed=0, config=config,
-                               config_hash="h", after=None, resume_step=None,
-                               checkpoint_dir=f"{out}/{name}").run_id
-    owner = {"store": store.store_id, "sweep": sweep, "arm": "dapo", "seed": 0,
-             "config_hash": "h"}
-    ray_worker.run_training(run_id=run, config=config, store_url=url, out_dir=f"{out}/{name}",
-                            owner=owner, resources=Resources(cpus=0.5, workers=2, **extra))
-    curves = reads.metric_curves(store.engine, [run])
-    report[name] = {f"{r.step} {r.name}": r.value for r in curves.itertuples()}
-report["engine_actors"] = len(engines() - before)
-print(json.dumps(report))
-ray_worker.shutdown()
-"""
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(FLOW_TEST_TIMEOUT_S)
 def test_two_workers_engines_on_their_own_actors_train_what_local_engines_do(
     tmp_path: Path, warm_ray: RayCluster
 ) -> None:
-    """Each rank's engine recipe carries a CPU copy of the rank's weights to its actor (in the
-    arm's placement group, bundles 2-3), which builds the engine on its own device: the two
-    ranks' engines sample exactly what engines in the ranks' own processes sample."""
+    """An arm of two workers through flows.ray_worker.run_training (what `dapo arm` calls) on
+    the warm Ray: each rank's engine recipe carries a CPU copy of the rank's weights to its
+    actor (in the arm's placement group, bundles 2-3), which builds the engine on its own
+    device: the two ranks' engines sample exactly what engines in the ranks' own processes
+    sample."""
     cfg = paper_ladder().config("dapo", "tiny", ASYNC_K0).to_dict()
     env = {
         **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
@@ -105,24 +72,9 @@ def test_two_workers_engines_on_their_own_actors_train_what_local_engines_do(
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
-    url = f"sqlite:///{tmp_path / 'store.db'}"
-    done = subprocess.run(
-        [sys.executable, "-c", TWO_WORKERS, url, str(tmp_path / "runs"), json.dumps(cfg)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=FLOW_TEST_TIMEOUT_S,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    drive(cfg, tmp_path, env, FLOW_TEST_TIMEOUT_S - 100, workers=("local", "actor"))
+    report = check_variants_are_the_local_run(tmp_path, steps=2)
     assert report["engine_actors"] == 2  # one per rank, not in the ranks' processes
-    local = {k: v for k, v in report["local"].items() if computed({k.split(" ", 1)[1]: v})}
-    actor = {k: v for k, v in report["actor"].items() if computed({k.split(" ", 1)[1]: v})}
-    assert {k.split(" ")[0] for k in local} == {"1", "2"}
-    assert any(M.POLICY_LOSS in k for k in local) and set(actor) == set(local)
-    differ = {k: (local[k], actor[k]) for k in local if not same(local[k], actor[k])}
-    assert not differ  # exactly equal: not approximately
 
 
 def test_an_arm_asks_for_its_engines_actors_too() -> None:

@@ -7,7 +7,12 @@ EngineActor, trains exactly what the same run with the engine in the trainer's p
 actor builds vLLM from the run's recipe (the model pickled from the CPU), gets the weights after
 each update through Ray's object store and draws the requests' seeds from its own stream.
 
-tests/rollout_actor_driver.py trains both in a process of its own, on a local Ray that it
+So does an arm of two workers (vLLM on N workers: each rank's engine gets the weights gathered
+from the FSDP2 shards), sync, async at k = 0, and async with the engines on actors, whose
+engines write vLLM's skeleton where they run rather than in the run's directory (a node of
+their own needs no runs directory shared with the trainer's).
+
+tests/rollout_actor_driver.py trains them in a process of its own, on a local Ray that it
 starts (2 CPUs) and stops: this venv has no warm Ray of the session. vLLM's CPU backend reserves
 its share of host memory per process (sample_export.py), the trainer's and then the actor's.
 """
@@ -22,7 +27,11 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from rollout_actor_driver import check_actor_run_is_the_local_run, drive  # noqa: E402
+from rollout_actor_driver import (  # noqa: E402
+    check_actor_run_is_the_local_run,
+    check_variants_are_the_local_run,
+    drive,
+)
 from sample_export import memory_share  # noqa: E402
 
 from dapo_core.setup.ladders import paper_ladder  # noqa: E402
@@ -64,6 +73,33 @@ def test_a_vllm_engine_on_its_own_actor_trains_what_the_local_engine_does(
     }
     drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S)
     local = check_actor_run_is_the_local_run(tmp_path, steps=2)
-    # The engine was vLLM: make_engine wrote its skeleton for each run (the actor's from the actor).
-    assert all((tmp_path / n / "vllm-init" / "config.json").is_file() for n in ("local", "actor"))
+    # The engine was vLLM: make_engine wrote its skeleton in the run's directory; the actor's
+    # wrote its own in its process's temporary space (removed at close), not in the run's.
+    assert (tmp_path / "local" / "vllm-init" / "config.json").is_file()
+    assert not (tmp_path / "actor" / "vllm-init").exists()
     assert sorted(local["evaluations"]) == ["0", "2"]  # the seeded evaluations went there too
+
+
+def test_two_workers_vllm_engines_async_and_on_actors_train_what_sync_does(
+    tmp_path: Path,
+) -> None:
+    """An arm of two workers with rollout.engine=vllm through flows.ray_worker.run_training on
+    a local Ray of 2 CPUs: sync; async at k = 0 with each rank's vLLM engine in its process;
+    the same with each engine on an EngineActor of the arm's placement group. All three train
+    the same metrics bit for bit. The ranks' own engines share the skeleton rank 0 wrote in
+    the run's directory; the hosted ones write theirs on their node (none in the run's)."""
+    share = memory_share(need_gib=3.0)
+    cfg = paper_ladder().config(
+        "dapo", "tiny", {**ASYNC_K0, "data.eval_every": 0, "rollout.gpu_memory_utilization": share}
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},  # a Ray of its own
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S, workers=("local", "sync", "actor"))
+    report = check_variants_are_the_local_run(tmp_path, steps=2)
+    assert report["engine_actors"] == 2  # one per rank, not in the ranks' processes
+    assert report["skeletons"] == ["local", "sync"]
+    # The engines sampled the policy (informative groups, updates), not vLLM's dummy weights.
+    assert report["local"]["2 progress/grad_updates"] > 0
