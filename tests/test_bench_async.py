@@ -55,3 +55,15 @@ def test_tree_rss_counts_a_child_and_nothing_once_it_is_gone(bench: ModuleType) 
     finally:
         child.communicate("", timeout=60)
     assert bench.tree_rss_bytes(child.pid) == 0
+
+
+def test_the_actor_modes_options_are_checked_before_anything_runs(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench.main(["--two-nodes"]) == 2
+    assert bench.main(["--rollout-actor", "--two-nodes", "--threads", "4"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: --two-nodes and --only-actor go with --rollout-actor",
+        "error: --two-nodes runs on 2 threads (a node of 1 CPU each side)",
+    ]
