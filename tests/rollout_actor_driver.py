@@ -9,7 +9,7 @@ and evaluations written as JSON, with where the engine actor ran.
 With `--workers`, an arm of two workers instead, through flows.ray_worker.run_training (what
 `dapo arm` calls) with a SQLite store in OUT_DIR, once per variant named (comma-separated):
 `local` (each rank's engine in its own process), `actor` (each on an EngineActor of the arm's
-placement group), `sync` (local engines, rollout.mode=sync); OUT_DIR/workers.json holds each
+placement group); OUT_DIR/workers.json holds each
 variant's metrics by "step name", the engine actors made and the vLLM skeletons left in the
 runs' directories.
 
@@ -178,10 +178,9 @@ def run_both(config: dict[str, Any], out: Path) -> None:
 
 # Each variant's resources: two workers of half a CPU (and with `actor`, two engines' actors of
 # half a CPU), so that the arm fits a local Ray of LOCAL_RAY_CPUS.
-VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "local": ({}, {}),
-    "actor": ({}, {"rollout_actor": True, "rollout_cpus": 0.5}),
-    "sync": ({"mode": "sync", "max_staleness": 1}, {}),  # k: its default (must not be 0)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "local": {},
+    "actor": {"rollout_actor": True, "rollout_cpus": 0.5},
 }
 
 
@@ -202,21 +201,20 @@ def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> 
 
     before, report = engines(), {}
     for name in names:
-        rollout, extra = VARIANTS[name]
-        variant = {**config, "rollout": {**config["rollout"], **rollout}}
+        extra = VARIANTS[name]
         sweep = store.create_sweep(
             name=name,
             preset="tiny",
             arms=["dapo"],
             seeds=[0],
-            base_config=variant,
+            base_config=config,
             ladder=paper_ladder().rows(),
         )
         run = store.resume_attempt(
             sweep_id=sweep,
             arm="dapo",
             seed=0,
-            config=variant,
+            config=config,
             config_hash="h",
             after=None,
             resume_step=None,
@@ -231,7 +229,7 @@ def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> 
         }
         ray_worker.run_training(
             run_id=run,
-            config=variant,
+            config=config,
             store_url=url,
             out_dir=str(out / name),
             owner=owner,

@@ -8,9 +8,9 @@ actor builds vLLM from the run's recipe (the model pickled from the CPU), gets t
 each update through Ray's object store and draws the requests' seeds from its own stream.
 
 So does an arm of two workers (vLLM on N workers: each rank's engine gets the weights gathered
-from the FSDP2 shards), sync, async at k = 0, and async with the engines on actors, whose
-engines write vLLM's skeleton where they run rather than in the run's directory (a node of
-their own needs no runs directory shared with the trainer's).
+from the FSDP2 shards) with its engines on actors, which write vLLM's skeleton where they run
+rather than in the run's directory (a node of their own needs no runs directory shared with
+the trainer's).
 
 tests/rollout_actor_driver.py trains them in a process of its own, on a local Ray that it
 starts (2 CPUs) and stops: this venv has no warm Ray of the session. vLLM's CPU backend reserves
@@ -80,14 +80,16 @@ def test_a_vllm_engine_on_its_own_actor_trains_what_the_local_engine_does(
     assert sorted(local["evaluations"]) == ["0", "2"]  # the seeded evaluations went there too
 
 
-def test_two_workers_vllm_engines_async_and_on_actors_train_what_sync_does(
+def test_two_workers_vllm_engines_on_actors_train_what_their_own_engines_do(
     tmp_path: Path,
 ) -> None:
-    """An arm of two workers with rollout.engine=vllm through flows.ray_worker.run_training on
-    a local Ray of 2 CPUs: sync; async at k = 0 with each rank's vLLM engine in its process;
-    the same with each engine on an EngineActor of the arm's placement group. All three train
-    the same metrics bit for bit. The ranks' own engines share the skeleton rank 0 wrote in
-    the run's directory; the hosted ones write theirs on their node (none in the run's)."""
+    """An async arm (k = 0) of two workers with rollout.engine=vllm through
+    flows.ray_worker.run_training on a local Ray of 2 CPUs: each rank's vLLM engine in its
+    process, then each on an EngineActor of the arm's placement group; both train the same
+    metrics bit for bit, and train at all (vLLM samples the policy, not its dummy weights).
+    The ranks' own engines share the skeleton rank 0 wrote in the run's directory; the hosted
+    ones write theirs on their node (none in the run's). (k = 0 against sync on two workers:
+    tests/dapo_core/test_async_workers.py; with vLLM on one: test_vllm_async.py.)"""
     share = memory_share(need_gib=3.0)
     cfg = paper_ladder().config(
         "dapo", "tiny", {**ASYNC_K0, "data.eval_every": 0, "rollout.gpu_memory_utilization": share}
@@ -97,9 +99,9 @@ def test_two_workers_vllm_engines_async_and_on_actors_train_what_sync_does(
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
-    drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S, workers=("local", "sync", "actor"))
+    drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S, workers=("local", "actor"))
     report = check_variants_are_the_local_run(tmp_path, steps=2)
     assert report["engine_actors"] == 2  # one per rank, not in the ranks' processes
-    assert report["skeletons"] == ["local", "sync"]
+    assert report["skeletons"] == ["local"]
     # The engines sampled the policy (informative groups, updates), not vLLM's dummy weights.
     assert report["local"]["2 progress/grad_updates"] > 0
