@@ -268,7 +268,7 @@ class GatheredWeights(Mapping[str, torch.Tensor]):
     same names in the same order, once, as load_weights does by iterating items(). Names are
     the state dict's: a tied parameter under each of its names (lm_head.weight beside
     model.embed_tokens.weight), gathered once and held until its last name is read. Without
-    the tied name, vLLM's layer-wise reload left the whole model on its dummy weights."""
+    the tied name, vLLM's layer-wise reload left the model on the weights it started with."""
 
     def __init__(self, policy: nn.Module, *, dtype: torch.dtype, device: torch.device) -> None:
         self._params = dict(policy.named_parameters(remove_duplicate=False))
