@@ -38,7 +38,6 @@ def make_engine(
     tokenizer: PreTrainedTokenizerBase,
     cfg: ExperimentConfig,
     *,
-    work_dir: Path | None = None,
     seed: int | None = None,
     init_dir: Path | None = None,
     sync_first: bool = True,
@@ -48,15 +47,14 @@ def make_engine(
     """The rollout engine `name` (`hf` or `vllm`) sampling from `model`.
 
     `hf` samples from `model` itself under autocast to the compute dtype (model.dtype).
-    `vllm` starts from a skeleton (config, generation config and tokenizer; no weights) written
-    under `work_dir` with vLLM's dummy weights, then receives the model's current weights from
-    memory through load_weights, as every later sync does: no float32 copy of the model goes
-    through disk (at 7B it was ~28 GiB written, then read, per start). Without `work_dir` the
-    skeleton goes in a temporary directory of this process, removed when the engine closes: an
-    engine hosted on another node writes its own there, needing no directory shared with the
-    trainer's. `init_dir` names a directory already holding a skeleton (the workers of one arm share
-    the one rank 0 wrote: `sync_first=False`, each rank pushes its gathered shards itself) or a
-    whole model (an HF export to evaluate: loaded as it is); `seed` overrides run.seed (each
+    `vllm` starts from a skeleton (config, generation config and tokenizer; no weights) that it
+    writes in a temporary directory of its own process (removed when the engine closes: an
+    engine hosted on another node needs no directory shared with the trainer's), with vLLM's
+    dummy weights, then receives the model's current weights from memory through
+    load_weights, as every later sync does: no float32 copy of the model goes through disk
+    (at 7B it was ~28 GiB written, then read, per start). `init_dir` names a directory
+    already holding a skeleton (the workers of one arm share the one rank 0 wrote:
+    `sync_first=False`, each rank pushes its gathered shards itself) or a whole model (an HF export to evaluate: loaded as it is); `seed` overrides run.seed (each
     worker's engine draws from its own stream); `llm_kwargs` go to vLLM's `LLM` as they are.
     `device` (hf): move the model there first, `auto` being this process's GPU when it has one,
     else the CPU: a hosted engine's recipe (EngineHost) carries its model on the CPU.
@@ -88,9 +86,8 @@ def make_engine(
         if init_dir is not None:
             target = Path(init_dir)
         else:
-            if work_dir is None:
-                scratch = tempfile.mkdtemp(prefix="dapo-vllm-")
-            target = Path(work_dir or str(scratch)) / "vllm-init"
+            scratch = tempfile.mkdtemp(prefix="dapo-vllm-")
+            target = Path(scratch)
             write_skeleton(model, tokenizer, target)
         skeleton = not has_weights(target)
         try:

@@ -267,31 +267,28 @@ class GatheredWeights(Mapping[str, torch.Tensor]):
     Reading a value is a collective (an all-gather over the ranks): every rank must read the
     same names in the same order, once, as load_weights does by iterating items(). Names are
     the state dict's: a tied parameter under each of its names (lm_head.weight beside
-    model.embed_tokens.weight), gathered once and held until its last name is read. Without
-    the tied name, vLLM's layer-wise reload left the model on the weights it started with."""
+    model.embed_tokens.weight), gathered once. Without the tied name, vLLM's layer-wise reload
+    left the model on the weights it started with."""
 
     def __init__(self, policy: nn.Module, *, dtype: torch.dtype, device: torch.device) -> None:
         self._params = dict(policy.named_parameters(remove_duplicate=False))
         self.dtype, self.device = dtype, device
-        names: dict[int, list[str]] = {}
-        for name, param in self._params.items():
-            names.setdefault(id(param), []).append(name)
-        # A tied parameter's gathered tensor, until its last name is read.
-        self._last_name = {
-            id(p): n[-1] for p in self._params.values() if len(n := names[id(p)]) > 1
-        }
-        self._held: dict[int, torch.Tensor] = {}
+        # A tied parameter's whole tensor, for its other names (as long as this mapping lives:
+        # one push, or a snapshot whose names then share it).
+        self._tied: dict[int, torch.Tensor | None] = {}
+        seen: set[int] = set()
+        for param in self._params.values():
+            if id(param) in seen:
+                self._tied[id(param)] = None
+            seen.add(id(param))
 
     def __getitem__(self, name: str) -> torch.Tensor:
         param = self._params[name]
-        key = id(param)
-        whole = self._held.get(key)
+        whole = self._tied.get(id(param))
         if whole is None:
             whole = full_tensor(param, dtype=self.dtype, device=self.device)
-            if key in self._last_name:
-                self._held[key] = whole
-        if self._last_name.get(key) == name:
-            self._held.pop(key, None)
+            if id(param) in self._tied:
+                self._tied[id(param)] = whole
         return whole
 
     def __iter__(self) -> Iterator[str]:

@@ -166,8 +166,6 @@ class OneWorker:
             rollout_model(cfg, model, hosted=self.engine_host is not None),
             copy.deepcopy(tokenizer) if cfg.rollout.mode == "async" else tokenizer,
             cfg,
-            # A hosted engine writes vLLM's skeleton where it runs (its node's temporary space).
-            work_dir=run.out_dir if self.engine_host is None else None,
             device="auto" if self.engine_host is not None else None,
         )
         engine = recipe() if self.engine_host is None else self.engine_host(recipe)
@@ -330,7 +328,6 @@ def evaluate_checkpoint(ckpt: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     none), so the transformers model, of which only the tokenizer and the EOS tokens are read,
     stays in host memory. The engine is closed and the device memory released however the
     evaluation ends (run_resources)."""
-    import tempfile
 
     from dapo_core.engines import make_engine
     from dapo_core.setup.architectures import resolve_architecture
@@ -349,14 +346,9 @@ def evaluate_checkpoint(ckpt: Path, cfg: ExperimentConfig) -> dict[str, Any]:
     vllm = cfg.rollout.engine == "vllm"
     model, tokenizer = load_checkpoint_policy(ckpt, cfg, "cpu" if vllm else device)
     with run_resources() as cleanup:
-        init_dir, work_dir = None, None
-        if vllm and has_export(ckpt):
-            init_dir = model_dir
-        elif vllm:
-            work_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="dapo-eval-")))
-        engine = make_engine(
-            cfg.rollout.engine, model, tokenizer, cfg, work_dir=work_dir, init_dir=init_dir
-        )
+        # An HF export is loaded as it is; without one vLLM starts from the model's weights.
+        init_dir = model_dir if vllm and has_export(ckpt) else None
+        engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, init_dir=init_dir)
         cleanup.callback(engine.close)
         return evaluate_policy(cfg, model, tokenizer, engine, step=checkpoint_step(ckpt))
 

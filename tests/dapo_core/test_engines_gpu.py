@@ -296,11 +296,11 @@ def test_release_device_memory_empties_the_cuda_cache_and_frees_a_failed_runs_fr
 
 
 def test_vllm_engine_close_shuts_down_and_drops_the_llm_once(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log = stub_vllm(monkeypatch)
     model, tok = tiny_llama(len(char_tokenizer())), char_tokenizer(padding_side="left")
-    engine = engines.make_engine("vllm", model, tok, ExperimentConfig(), work_dir=tmp_path)
+    engine = engines.make_engine("vllm", model, tok, ExperimentConfig())
     engine.close()
     engine.close()  # idempotent
     assert log["shutdowns"] == 1
@@ -514,9 +514,9 @@ def test_eval_samples_with_the_runs_engine(
     assert dapo("eval", "--ckpt", str(ckpt)) == 0
     (call,) = made
     assert call["name"] == "vllm"
-    # No HF export in this checkpoint: vLLM starts from a copy in a temporary directory.
-    assert call["init_dir"] is None and call["work_dir"] is not None
-    assert not Path(call["work_dir"]).exists()  # removed with the run
+    # No HF export in this checkpoint: vLLM starts from the model's weights (make_engine
+    # writes their skeleton in a directory of its own, tests/vllm_engine/test_vllm_make_engine).
+    assert call["init_dir"] is None
     assert call["engine"].closed == 1
     assert loaded == ["cpu"]
     out = json.loads(capsys.readouterr().out)
@@ -574,22 +574,25 @@ def test_release_is_a_noop_for_cpu_runs(monkeypatch: pytest.MonkeyPatch) -> None
 
 # --- item 7: vLLM starts without a copy of the model on disk ------------------------------------
 def test_a_vllm_engine_starts_from_a_skeleton_and_the_models_weights_in_memory(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """make_engine wrote the whole float32 model for vLLM's loader (at 7B ~28 GiB per start, on
-    every node's rank 0): it now writes config and tokenizer only, starts vLLM on dummy weights
-    and pushes the model's own before the engine is used."""
+    every node's rank 0): it now writes config and tokenizer only, in a temporary directory of
+    the engine's own (removed when it closes: a hosted engine writes it on its own node),
+    starts vLLM on dummy weights and pushes the model's own before the engine is used."""
     log = stub_vllm(monkeypatch)
     tok = char_tokenizer()
     model = tiny_llama(len(tok), 0)
     cfg = small("grpo", **{"rollout.engine": "vllm"})
-    engine = engines.make_engine("vllm", model, tok, cfg, work_dir=tmp_path)
-    written = sorted(p.name for p in (tmp_path / "vllm-init").iterdir())
+    engine = engines.make_engine("vllm", model, tok, cfg)
+    skeleton = Path(log["kwargs"][0]["model"])
+    written = sorted(p.name for p in skeleton.iterdir())
     assert "config.json" in written and "tokenizer.json" in written
     assert not [n for n in written if n.endswith((".safetensors", ".bin"))], written
     assert log["kwargs"][0]["load_format"] == "dummy"
     assert log["reloaded"] == list(model.state_dict())  # every weight, before the first sample
     engine.close()
+    assert not skeleton.exists()
 
 
 def test_a_vllm_engine_on_an_export_loads_it_as_it_is(

@@ -73,10 +73,9 @@ def test_a_vllm_engine_on_its_own_actor_trains_what_the_local_engine_does(
     }
     drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S)
     local = check_actor_run_is_the_local_run(tmp_path, steps=2)
-    # The engine was vLLM: make_engine wrote its skeleton in the run's directory; the actor's
-    # wrote its own in its process's temporary space (removed at close), not in the run's.
-    assert (tmp_path / "local" / "vllm-init" / "config.json").is_file()
-    assert not (tmp_path / "actor" / "vllm-init").exists()
+    # make_engine wrote vLLM's skeleton in its own process's temporary space, removed at
+    # close, whichever process that was: none is left in either run's directory.
+    assert not list(tmp_path.glob("*/*vllm-init"))
     assert sorted(local["evaluations"]) == ["0", "2"]  # the seeded evaluations went there too
 
 

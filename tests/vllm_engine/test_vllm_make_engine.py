@@ -21,7 +21,7 @@ from tiny_policy import char_tokenizer, forward_logprobs  # noqa: E402
 from dapo_core.engines.base import SamplingParams  # noqa: E402
 
 
-def test_an_engine_made_for_a_run_starts_without_the_weights_on_disk(tmp_path: Path) -> None:
+def test_an_engine_made_for_a_run_starts_without_the_weights_on_disk() -> None:
     """Issue 22.7: make_engine wrote the whole model for vLLM's loader (at 7B a ~28 GiB float32
     copy per start). It now writes a skeleton, starts vLLM on dummy weights and pushes the
     model's weights from memory: the samples' log-probs must be the model's."""
@@ -44,11 +44,10 @@ def test_an_engine_made_for_a_run_starts_without_the_weights_on_disk(tmp_path: P
             "algo.overlong_cache_len": 4,
         },
     )
-    engine = make_engine(
-        "vllm", model, tok, cfg, work_dir=tmp_path, llm_kwargs={"enforce_eager": True}
-    )
+    engine = make_engine("vllm", model, tok, cfg, llm_kwargs={"enforce_eager": True})
+    skeleton = Path(engine.scratch_dir)  # type: ignore[attr-defined]
     try:
-        written = [p.name for p in (tmp_path / "vllm-init").iterdir()]
+        written = [p.name for p in skeleton.iterdir()]
         assert "config.json" in written and "tokenizer.json" in written
         assert not [n for n in written if n.endswith((".safetensors", ".bin"))], written
         samples = engine.generate(PROMPTS, SamplingParams(n=2, max_tokens=10, seed=3))
@@ -57,3 +56,4 @@ def test_an_engine_made_for_a_run_starts_without_the_weights_on_disk(tmp_path: P
             assert (forward_logprobs(model, c.prompt_ids, c.token_ids) - got).abs().max() < 1e-3
     finally:
         engine.close()
+    assert not skeleton.exists()  # the engine's own directory goes with it
