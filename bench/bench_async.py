@@ -267,12 +267,11 @@ def two_nodes(root: Path, wanted: bool) -> Iterator[dict[str, str] | None]:
         yield None
         return
     sys.path.insert(0, str(ROOT / "tests"))
-    import ray_cluster  # the test suite's cluster of raylets
+    from ray_cluster import RayCluster  # the test suite's cluster of raylets
 
-    # The test cluster's 96 MiB object store would spill the real model's 540 MB of weights to
-    # disk at every push to the engine's actor (the sync mode waits for that, the async not).
-    ray_cluster.OBJECT_STORE_BYTES = OBJECT_STORE_BYTES
-    cluster = ray_cluster.RayCluster(root / "cluster", cpus_per_node=1)
+    # With the tests' 96 MiB object store the real model's 540 MB of weights spilled to disk
+    # at every push to the engine's actor.
+    cluster = RayCluster(root / "cluster", cpus_per_node=1, object_store_bytes=OBJECT_STORE_BYTES)
     (root / "cluster").mkdir()
     # A bench stopped by SIGTERM stops its nodes too (they run in sessions of their own).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -118,6 +118,8 @@ class RayCluster:
     # on 127.0.0.1 only; None leaves the dashboard off, as the other tests want it.
     job_server_port: int | None = None
     fast_health_checks: bool = True
+    # Each node's object store (a bench that ships a real model's weights to an actor wants more).
+    object_store_bytes: int = OBJECT_STORE_BYTES
 
     @property
     def job_server(self) -> str:
@@ -177,7 +179,7 @@ class RayCluster:
             "--temp-dir",
             str(temp_dir),
             "--object-store-memory",
-            str(OBJECT_STORE_BYTES),
+            str(self.object_store_bytes),
             "--dashboard-agent-listen-port",
             str(free_port()),
             "--metrics-export-port",
