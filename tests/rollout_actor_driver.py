@@ -4,14 +4,13 @@ on an EngineActor of the Ray named by $RAY_ADDRESS (without it, a local Ray of 2
 process starts and stops: the vLLM venv's tests have no warm Ray), each run's metrics, samples
 and evaluations written as JSON, with where the engine actor ran.
 
-    python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR [--workers VARIANTS]
+    python tests/rollout_actor_driver.py CONFIG_JSON OUT_DIR [--workers]
 
 With `--workers`, an arm of two workers instead, through flows.ray_worker.run_training (what
-`dapo arm` calls) with a SQLite store in OUT_DIR, once per variant named (comma-separated):
-`local` (each rank's engine in its own process), `actor` (each on an EngineActor of the arm's
-placement group); OUT_DIR/workers.json holds each
-variant's metrics by "step name", the engine actors made and the vLLM skeletons left in the
-runs' directories.
+`dapo arm` calls) with a SQLite store in OUT_DIR, twice: `local` (each rank's engine in its own
+process), then `actor` (each on an EngineActor of the arm's placement group); OUT_DIR/
+workers.json holds each run's metrics by "step name", the engine actors made and the vLLM
+skeletons left in the runs' directories.
 
 The tests (the hf engine's in tests/flows, vLLM's in tests/vllm_engine) call `drive`, which runs
 this script, and `check_actor_run_is_the_local_run` on what it wrote.
@@ -51,15 +50,15 @@ def drive(
     out: Path,
     env: Mapping[str, str],
     timeout_s: float,
-    workers: Sequence[str] = (),
+    workers: bool = False,
 ) -> None:
-    """This script on `config` (with `workers`: its two-worker variants), its JSON in `out`; a
+    """This script on `config` (with `workers`: an arm of two workers), its JSON in `out`; a
     test failure with its stderr if it fails. A session of its own: on a timeout it and a Ray
     it started are killed together."""
     import pytest
 
     (out / "config.json").write_text(json.dumps(config))
-    more = ["--workers", ",".join(workers)] if workers else []
+    more = ["--workers"] if workers else []
     driver = subprocess.Popen(
         [sys.executable, __file__, str(out / "config.json"), str(out), *more],
         env=dict(env),
@@ -111,8 +110,8 @@ def check_actor_run_is_the_local_run(out: Path, steps: int) -> dict[str, Any]:
     return dict(local)
 
 
-def check_variants_are_the_local_run(out: Path, steps: int) -> dict[str, Any]:
-    """Every two-worker variant in OUT_DIR/workers.json computed exactly the `local` run's
+def check_two_workers_actor_run_is_the_local_run(out: Path, steps: int) -> dict[str, Any]:
+    """The two-worker `actor` run in OUT_DIR/workers.json computed exactly the `local` run's
     metrics (less time/ and perf/) at steps 1..`steps`; returns the report."""
     from dapo_common import metric_names as M
 
@@ -121,14 +120,12 @@ def check_variants_are_the_local_run(out: Path, steps: int) -> dict[str, Any]:
     def kept(name: str) -> dict[str, float]:
         return {k: v for k, v in report[name].items() if computed({k.split(" ", 1)[1]: v})}
 
-    local = kept("local")
+    local, actor = kept("local"), kept("actor")
     assert {k.split(" ")[0] for k in local} == {str(s) for s in range(1, steps + 1)}
     assert any(M.POLICY_LOSS in k for k in local)
-    for name in report.keys() & VARIANTS.keys() - {"local"}:
-        other = kept(name)
-        assert set(other) == set(local), (name, set(other) ^ set(local))
-        differ = {k: (local[k], other[k]) for k in local if not same(local[k], other[k])}
-        assert not differ, (name, differ)  # exactly equal: not approximately
+    assert set(actor) == set(local), set(actor) ^ set(local)
+    differ = {k: (local[k], actor[k]) for k in local if not same(local[k], actor[k])}
+    assert not differ, differ  # exactly equal: not approximately
     return dict(report)
 
 
@@ -143,7 +140,7 @@ def main() -> None:
     ray_worker.connect(os.environ.get("RAY_ADDRESS") or "local", num_cpus=LOCAL_RAY_CPUS)
     try:
         if sys.argv[3:4] == ["--workers"]:
-            run_two_workers(config, out, sys.argv[4].split(","))
+            run_two_workers(config, out)
         else:
             run_both(config, out)
     finally:
@@ -176,16 +173,17 @@ def run_both(config: dict[str, Any], out: Path) -> None:
     (out / "where.json").write_text(json.dumps(where))
 
 
-# Each variant's resources: two workers of half a CPU (and with `actor`, two engines' actors of
-# half a CPU), so that the arm fits a local Ray of LOCAL_RAY_CPUS.
+# The two runs' resources: two workers of half a CPU, with `actor` two engines' actors of half a
+# CPU more, so that the arm fits a local Ray of LOCAL_RAY_CPUS.
 VARIANTS: dict[str, dict[str, Any]] = {
     "local": {},
     "actor": {"rollout_actor": True, "rollout_cpus": 0.5},
 }
 
 
-def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> None:
+def run_two_workers(config: dict[str, Any], out: Path) -> None:
     from ray._private import state  # the GCS's table (ray.util.state needs Ray's dashboard)
+    from store_runs import new_attempt
 
     from dapo_core.setup.ladders import paper_ladder
     from db import reads
@@ -200,8 +198,7 @@ def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> 
         return {i for i, a in state.actors().items() if a["ActorClassName"] == "EngineActor"}
 
     before, report = engines(), {}
-    for name in names:
-        extra = VARIANTS[name]
+    for name, extra in VARIANTS.items():
         sweep = store.create_sweep(
             name=name,
             preset="tiny",
@@ -210,29 +207,14 @@ def run_two_workers(config: dict[str, Any], out: Path, names: Sequence[str]) -> 
             base_config=config,
             ladder=paper_ladder().rows(),
         )
-        run = store.resume_attempt(
-            sweep_id=sweep,
-            arm="dapo",
-            seed=0,
-            config=config,
-            config_hash="h",
-            after=None,
-            resume_step=None,
-            checkpoint_dir=str(out / name),
-        ).run_id
-        owner = {
-            "store": store.store_id,
-            "sweep": sweep,
-            "arm": "dapo",
-            "seed": 0,
-            "config_hash": "h",
-        }
+        run = new_attempt(store, sweep, "dapo", 0, config=config, checkpoint_dir=str(out / name))
+        owner = {"store": store.store_id, "sweep": sweep, "arm": "dapo", "seed": 0}
         ray_worker.run_training(
             run_id=run,
             config=config,
             store_url=url,
             out_dir=str(out / name),
-            owner=owner,
+            owner={**owner, "config_hash": "h"},
             resources=Resources(cpus=0.5, workers=2, **extra),
         )
         curves = reads.metric_curves(store.engine, [run])

@@ -19,7 +19,7 @@ from dapo_cli import FAST, FLOW_TEST_TIMEOUT_S, ROOT
 from ray_cluster import RayCluster
 from rollout_actor_driver import (
     check_actor_run_is_the_local_run,
-    check_variants_are_the_local_run,
+    check_two_workers_actor_run_is_the_local_run,
     drive,
 )
 
@@ -72,8 +72,8 @@ def test_two_workers_engines_on_their_own_actors_train_what_local_engines_do(
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
-    drive(cfg, tmp_path, env, FLOW_TEST_TIMEOUT_S - 100, workers=("local", "actor"))
-    report = check_variants_are_the_local_run(tmp_path, steps=2)
+    drive(cfg, tmp_path, env, FLOW_TEST_TIMEOUT_S - 100, workers=True)
+    report = check_two_workers_actor_run_is_the_local_run(tmp_path, steps=2)
     assert report["engine_actors"] == 2  # one per rank, not in the ranks' processes
 
 

@@ -29,7 +29,7 @@ pytest.importorskip("vllm")
 
 from rollout_actor_driver import (  # noqa: E402
     check_actor_run_is_the_local_run,
-    check_variants_are_the_local_run,
+    check_two_workers_actor_run_is_the_local_run,
     drive,
 )
 from sample_export import memory_share  # noqa: E402
@@ -98,8 +98,8 @@ def test_two_workers_vllm_engines_on_actors_train_what_their_own_engines_do(
         "PYTHONPATH": str(ROOT),
         "OMP_NUM_THREADS": "1",
     }
-    drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S, workers=("local", "actor"))
-    report = check_variants_are_the_local_run(tmp_path, steps=2)
+    drive(cfg.to_dict(), tmp_path, env, DRIVER_TIMEOUT_S, workers=True)
+    report = check_two_workers_actor_run_is_the_local_run(tmp_path, steps=2)
     assert report["engine_actors"] == 2  # one per rank, not in the ranks' processes
     assert report["skeletons"] == ["local"]
     # The engines sampled the policy (informative groups, updates), not vLLM's dummy weights.
