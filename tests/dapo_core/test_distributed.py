@@ -166,8 +166,13 @@ def one_update(cfg: ExperimentConfig, extra: str, dist: Collective) -> dict[str,
 def _worker(rank: int, init: str, out: str) -> None:
     """Three processes: all three run every case as 3 workers, then ranks 0 and 1 as 2 (one
     start-up for both: starting processes is most of this test's time)."""
+    import faulthandler
+
     import torch.distributed as dist
 
+    # Rank 0 died of SIGSEGV here once under make test's load (2026-11-29, not reproduced
+    # alone): the next one prints the Python stack of every thread on stderr.
+    faulthandler.enable()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=3)
     try:
